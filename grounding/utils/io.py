@@ -1,0 +1,71 @@
+"""Atomic file writing and content hashing.
+
+Every cache, dataset file and checkpoint-like artefact of the suite is written through these
+helpers: data goes to a temporary name in the destination folder and is renamed into place only
+when complete, so an interrupted run never leaves a half-written file that a later run would
+mistake for a valid cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
+
+    Works for files and for directories (the caller creates whatever it needs at the yielded
+    path). On an exception the temporary is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    tmp.unlink()  # the caller decides whether it is a file or a directory
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = None) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False))
+
+
+def sha1_of_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk_size), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha1_of_json(obj: Any) -> str:
+    """Stable hash of a JSON-serialisable object (keys sorted): used to key caches by config."""
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,32 @@
+"""Shared fixtures: the real-data folder (skipped when absent) and a tiny generated world."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub from tests
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """``../shared/data`` (or $GROUNDING_SHARED_DATA); the test is skipped when it is absent."""
+    from grounding.paths import shared_data_dir
+
+    root = shared_data_dir()
+    if not (root / "README.md").is_file():
+        pytest.skip(f"real data folder {root} is absent (set GROUNDING_SHARED_DATA to a copy of shared/data)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """A small embedded world (48 scenes at 64 px) in all four real dataset layouts."""
+    from data_modules.synthetic import generate_world
+
+    out = tmp_path_factory.mktemp("world")
+    generate_world(out, n_images=48, seed=0, image_size=64)
+    return out
