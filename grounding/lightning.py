@@ -1,0 +1,51 @@
+"""The one base class every stage's LightningModule derives from.
+
+It holds what is the same for all stages: optimizer/scheduler injection from the config
+(``optimizer`` / ``lr_scheduler`` callables, jsonargparse's dependency-injection pattern), an
+optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
+(``monitor`` / ``monitor_mode`` class attributes) with ``last.ckpt`` for ``--ckpt_path`` resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
+LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+def default_optimizer(params: Iterable) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-4)
+
+
+class GroundingModule(LightningModule):
+    """Base LightningModule: subclasses set ``monitor``/``monitor_mode`` and call
+    ``super().__init__(optimizer, lr_scheduler)``; the maths lives in plain nn.Modules."""
+
+    monitor: str = "val/loss"
+    monitor_mode: str = "min"
+
+    def __init__(self, optimizer: OptimizerCallable = default_optimizer,
+                 lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+
+    def trainable_parameters(self):
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.trainable_parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "epoch"}}
+
+    def configure_callbacks(self):
+        # Overrides the trainer config's ModelCheckpoint: best by this stage's metric, plus last.ckpt.
+        return [ModelCheckpoint(monitor=self.monitor, mode=self.monitor_mode, save_last=True, save_top_k=1,
+                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)]
