@@ -8,6 +8,7 @@ optimizer over trainable parameters only, and checkpointing by the stage's own m
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterable
 
 import torch
@@ -46,6 +47,8 @@ class GroundingModule(LightningModule):
                 "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "epoch"}}
 
     def configure_callbacks(self):
-        # Overrides the trainer config's ModelCheckpoint: best by this stage's metric, plus last.ckpt.
-        return [ModelCheckpoint(monitor=self.monitor, mode=self.monitor_mode, save_last=True, save_top_k=1,
+        # Overrides the trainer config's ModelCheckpoint: best by this stage's metric, plus last.ckpt,
+        # in <default_root_dir>/checkpoints so that the next stage's config can name the file.
+        dirpath = os.path.join(self.trainer.default_root_dir, "checkpoints")
+        return [ModelCheckpoint(dirpath=dirpath, monitor=self.monitor, mode=self.monitor_mode, save_last=True, save_top_k=1,
                                 filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)]
