@@ -52,7 +52,9 @@ class GroundingCLI(LightningCLI):
 
 def main(args=None) -> GroundingCLI:
     for package in STAGE_PACKAGES:
-        importlib.import_module(package)
+        module = importlib.import_module(package)
+        for sub in getattr(module, "DATAMODULE_MODULES", ()):  # lazy packages: import the class modules
+            importlib.import_module(f"{package}.{sub}")
     defaults = [trainer_config_file()] if os.path.isfile(trainer_config_file()) else []
     return GroundingCLI(
         LightningModule,

@@ -3,7 +3,7 @@
 It holds what is the same for all stages: optimizer/scheduler injection from the config
 (``optimizer`` / ``lr_scheduler`` callables, jsonargparse's dependency-injection pattern), an
 optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
-(``monitor`` / ``monitor_mode`` class attributes) with ``last.ckpt`` for ``--ckpt_path`` resumes.
+(``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes.
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ class GroundingModule(LightningModule):
                 "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "epoch"}}
 
     def configure_callbacks(self):
-        # Overrides the trainer config's ModelCheckpoint: best by this stage's metric, plus last.ckpt,
-        # in <default_root_dir>/checkpoints so that the next stage's config can name the file.
+        # Replaces the trainer config's ModelCheckpoint, in <default_root_dir>/checkpoints so the next
+        # stage's config can name the files: the best by this stage's metric, and last.ckpt rewritten
+        # every epoch as the resume point (`--ckpt_path last`). Two callbacks, because Lightning's
+        # save_last refreshes last.ckpt only when a new top-k file is written.
         dirpath = os.path.join(self.trainer.default_root_dir, "checkpoints")
-        return [ModelCheckpoint(dirpath=dirpath, monitor=self.monitor, mode=self.monitor_mode, save_last=True, save_top_k=1,
-                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)]
+        best = ModelCheckpoint(dirpath=dirpath, monitor=self.monitor, mode=self.monitor_mode, save_top_k=1,
+                               filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)
+        last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
+                               enable_version_counter=False)
+        return [best, last]

@@ -1,0 +1,159 @@
+"""Flickr30K and Flickr8k captions: one module, two formats.
+
+* Karpathy split file (``dataset_flickr30k.json`` / ``dataset_flickr8k.json``): splits and captions
+  from the file, images under ``image_dir``.
+* Token file (``Flickr8k.token.txt`` or Flickr30K's ``results_20130124.token``, lines
+  ``<file>#<i><TAB><caption>``) plus split lists (one file name a line; Flickr8k's official
+  ``Flickr_8k.trainImages.txt`` / ``devImages`` / ``testImages`` by default). A split is the images
+  of its list that have captions; images listed and captioned must be on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import (IMAGENET_MEAN, IMAGENET_STD, WORLD_HINT, CaptionDataModule, CaptionSplit, MalformedDataError,
+                     MissingDataError, group_captions, karpathy_entries, karpathy_sentences, karpathy_split,
+                     require_file, resolve)
+
+FLICKR_LAYOUT = """\
+  Karpathy format:  <root>/dataset_flickr30k.json (or dataset_flickr8k.json) + <root>/<image_dir>/<filename>.jpg
+  token format:     <root>/Flickr8k.token.txt (or results_20130124.token)    lines "<file>.jpg#<i><TAB><caption>"
+                    <root>/Flickr_8k.trainImages.txt, Flickr_8k.devImages.txt, Flickr_8k.testImages.txt
+                                                                            one image file name a line
+                    <root>/<image_dir>/<file>.jpg
+  image_dir: "images" (or flickr30k-images / Flicker8k_Dataset / Flickr8k_Dataset) if present, else root"""
+
+KARPATHY_CANDIDATES = ("dataset_flickr30k.json", "dataset_flickr8k.json")
+TOKEN_CANDIDATES = ("Flickr8k.token.txt", "results_20130124.token", "results.token")
+IMAGE_DIR_CANDIDATES = ("images", "flickr30k-images", "flickr30k_images", "Flicker8k_Dataset", "Flickr8k_Dataset",
+                        "Images")
+DEFAULT_SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
+                       "test": "Flickr_8k.testImages.txt"}
+FLICKR_HINT = (f"point root at your Flickr folder (and set karpathy_file or captions_file), or {WORLD_HINT} "
+               "(root: data/world/flickr)")
+
+
+def read_token_file(path: Path, dataset: str = "Flickr") -> dict[str, list[str]]:
+    """``<file>#<i><TAB><caption>`` lines -> file name -> captions (in file order)."""
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n\r")
+            if not line.strip():
+                continue
+            key, sep, caption = line.partition("\t")
+            name, hash_, idx = key.rpartition("#")
+            if not sep or not hash_ or not name or not idx.strip().isdigit():
+                raise MalformedDataError(
+                    f"{dataset}: {path} line {lineno} is malformed: {line[:120]!r}.\n"
+                    "Expected: '<image file>#<caption number><TAB><caption>', e.g. "
+                    "'1000268201_693b08cb0e.jpg#0\\tA child in a pink dress ...'.\n"
+                    f"Fix: {FLICKR_HINT}.")
+            pairs.append((name.strip(), caption))
+    return group_captions(pairs)
+
+
+def read_split_list(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [ln.strip() for ln in f if ln.strip()]
+
+
+class FlickrDataModule(CaptionDataModule):
+    """Flickr30K / Flickr8k captions (see the module docstring).
+
+    Args beyond the shared ones: ``karpathy_file`` OR ``captions_file`` (+ ``split_files``: split ->
+    list file, default Flickr8k's official lists; val may be named "val" or "dev"), ``image_dir``
+    (relative to root). With neither file set, a Karpathy file in root is used if present, else a
+    token file. Real Flickr8k with only a subset of the photos: set ``captions_file`` to a token
+    file listing just those (e.g. ``Flickr8k.token.1000img.txt``).
+    """
+
+    dataset_name = "Flickr"
+    layout = FLICKR_LAYOUT
+    hint = FLICKR_HINT
+
+    def __init__(self, root: str = "data/world/flickr", karpathy_file: str | None = None,
+                 captions_file: str | None = None, split_files: dict[str, str] | None = None,
+                 image_dir: str | None = None, text_encoder: str = "minilm", max_length: int = 32,
+                 batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
+                 image_size: int = 224, resize_size: int = 256,
+                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
+                 seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
+                 train_subset: int | None = None, test_subset: int | None = None):
+        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
+                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset)
+        if karpathy_file and captions_file:
+            raise ValueError("FlickrDataModule: set karpathy_file OR captions_file, not both")
+        self.karpathy_file = karpathy_file
+        self.captions_file = captions_file
+        self.split_files = dict(split_files) if split_files else None
+        if self.split_files is not None and "dev" in self.split_files and "val" not in self.split_files:
+            self.split_files["val"] = self.split_files.pop("dev")
+        if self.split_files is not None and set(self.split_files) != {"train", "val", "test"}:
+            raise ValueError(f"FlickrDataModule: split_files needs keys train, val (or dev), test; got "
+                             f"{sorted(self.split_files)}")
+        self.image_dir = image_dir
+
+    def _image_dir(self, root: Path) -> Path:
+        if self.image_dir is not None:
+            d = resolve(root, self.image_dir)
+            if not d.is_dir():
+                raise MissingDataError(f"Flickr: image_dir {d} does not exist.\nExpected layout:\n{FLICKR_LAYOUT}\n"
+                                       "Fix: set image_dir to the folder holding the .jpg files.")
+            return d
+        for name in IMAGE_DIR_CANDIDATES:
+            if (root / name).is_dir():
+                return root / name
+        return root
+
+    def _source(self, root: Path) -> tuple[str, Path]:
+        if self.karpathy_file:
+            return "karpathy", resolve(root, self.karpathy_file)
+        if self.captions_file:
+            return "token", resolve(root, self.captions_file)
+        for name in KARPATHY_CANDIDATES:
+            if (root / name).is_file():
+                return "karpathy", root / name
+        for name in TOKEN_CANDIDATES:
+            if (root / name).is_file():
+                return "token", root / name
+        raise MissingDataError(
+            f"Flickr: no caption file in {root} (looked for {', '.join(KARPATHY_CANDIDATES + TOKEN_CANDIDATES)}).\n"
+            f"Expected layout:\n{FLICKR_LAYOUT}\nFix: set karpathy_file or captions_file, or {FLICKR_HINT}.")
+
+    def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
+        kind, path = self._source(root)
+        require_file(path, self.dataset_name, FLICKR_LAYOUT, FLICKR_HINT)
+        image_dir = self._image_dir(root)
+        splits = {s: CaptionSplit() for s in ("train", "val", "test")}
+        if kind == "karpathy":
+            for e in karpathy_entries(path, self.dataset_name, FLICKR_HINT):
+                split = karpathy_split(e, use_restval=True)
+                if split is not None:
+                    splits[split].add(image_dir / e["filename"], karpathy_sentences(e))
+            return splits
+
+        captions = read_token_file(path, self.dataset_name)
+        split_files = self.split_files or DEFAULT_SPLIT_FILES
+        for split, name in split_files.items():
+            list_path = require_file(
+                resolve(root, name), self.dataset_name, FLICKR_LAYOUT,
+                "the token format needs one image list per split (Flickr8k ships Flickr_8k.trainImages.txt, "
+                "Flickr_8k.devImages.txt, Flickr_8k.testImages.txt; Flickr30K has no official lists: use Karpathy's "
+                "dataset_flickr30k.json as karpathy_file) or set split_files: {train: ..., val: ..., test: ...}")
+            listed = read_split_list(list_path)
+            for file_name in listed:  # the split = its listed images that have captions
+                if file_name in captions:
+                    splits[split].add(image_dir / file_name, captions[file_name])
+        self._captions_path = path
+        return splits
+
+    def missing_image_hint(self, root: Path) -> str:
+        hint = f"put the photos in {self._image_dir(root)} (or set image_dir)"
+        captions_path = getattr(self, "_captions_path", None)
+        if captions_path is not None:
+            others = sorted(p.name for p in root.glob("*.token*") if p.is_file() and p != captions_path)
+            hint += (f", or, if you have only some of the photos, set captions_file to a token file that lists just "
+                     f"those" + (f" (found here: {', '.join(others)})" if others else ""))
+        return hint

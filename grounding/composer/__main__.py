@@ -1,0 +1,196 @@
+"""CRG and MCD command line.
+
+    python -m grounding.composer crg   --captions FILE --out DIR [--backend spacy] [--workers N] [--degrade P]
+    python -m grounding.composer stats --graph DIR/crg.npz | --captions FILE
+    python -m grounding.composer mcd   --train FILE --candidates FILE --out DIR [--k 1000]
+    python -m grounding.composer show  --graph DIR/crg.npz --caption 0
+    python -m grounding.composer check-parser [--backend NAME]
+
+``--config experiments/composer/<name>.yaml`` fills any option from a YAML file (keys are the
+option names with underscores); explicit command-line options win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from grounding.utils.io import atomic_write_json
+
+from .captions import CaptionFileError, read_captions
+from .concept_graph import ConceptGraph, format_stats
+from .parsing import BACKENDS, DEFAULT_BACKEND, ParserUnavailableError, backend_available
+
+
+def _caption_args(p: argparse.ArgumentParser, prefix: str, what: str):
+    p.add_argument(f"--{prefix}", help=f"{what}: Flickr token file, Karpathy JSON or COCO captions JSON")
+    p.add_argument(f"--{prefix}-split", nargs="*", default=None, help="keep only these Karpathy splits (e.g. train restval)")
+    p.add_argument(f"--{prefix}-images", nargs="*", default=None,
+                   help="keep only the images listed in these files (one file name a line; union of all files)")
+
+
+def _common(p: argparse.ArgumentParser):
+    p.add_argument("--config", help="YAML file with option values (experiments/composer/*.yaml)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    p.add_argument("--workers", type=int, default=1, help="parser processes")
+    p.add_argument("--degrade", type=float, default=0.0, help="Table 7: remove each parse branch with this probability")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cache", action="store_true", help="re-parse even if a cached parse exists")
+
+
+def build_argparser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m grounding.composer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    crg = sub.add_parser("crg", help="parse captions, build the Concept & Relation Graph, print Table 1 stats")
+    _caption_args(crg, "captions", "caption file")
+    crg.add_argument("--out", help="output folder (crg.npz, stats.json)")
+    _common(crg)
+    st = sub.add_parser("stats", help="Table 1 columns of a saved graph or of a caption file")
+    st.add_argument("--graph", help="a crg.npz written by `crg`")
+    _caption_args(st, "captions", "caption file (parsed and extracted if no --graph)")
+    _common(st)
+    mcd = sub.add_parser("mcd", help="maximum compound divergence split + graded splits (Fig. 4)")
+    _caption_args(mcd, "train", "training captions")
+    _caption_args(mcd, "candidates", "candidate evaluation captions")
+    mcd.add_argument("--out", help="output folder")
+    mcd.add_argument("--k", type=int, default=1000, help="images per split (all their captions)")
+    mcd.add_argument("--stride", type=int, default=None, help="sliding-window stride (default k/20)")
+    mcd.add_argument("--levels", type=int, default=16, help="graded splits to write (Fig. 4 uses 16)")
+    mcd.add_argument("--random-baselines", type=int, default=20, help="random splits of size k to compare against")
+    _common(mcd)
+    show = sub.add_parser("show", help="print one caption's bottom-up concept tree")
+    show.add_argument("--graph", required=True)
+    show.add_argument("--caption", type=int, default=0)
+    chk = sub.add_parser("check-parser", help="say whether a parser backend is usable here (and how to install it)")
+    chk.add_argument("--backend", default=None, choices=BACKENDS)
+    return ap
+
+
+def _apply_config(args, parser: argparse.ArgumentParser):
+    if not getattr(args, "config", None):
+        return args
+    import yaml
+
+    path = Path(args.config)
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise SystemExit(f"{path}: expected a mapping of option names to values")
+    cfg = cfg.get(args.command, cfg)
+    defaults = vars(parser.parse_args([args.command] + (["--graph", "x"] if args.command == "show" else [])))
+    explicit = {k for k, v in vars(args).items() if v != defaults.get(k)}
+    for k, v in cfg.items():
+        key = k.replace("-", "_")
+        if not hasattr(args, key):
+            raise SystemExit(f"{path}: unknown option {k!r} for `{args.command}`")
+        if key not in explicit:
+            setattr(args, key, v)
+    return args
+
+
+def _expand(path: str | None) -> str | None:
+    """``{shared_data}`` in a path is the real-data folder (``grounding.paths.shared_data_dir``)."""
+    from grounding.paths import shared_data_dir
+
+    return path.replace("{shared_data}", str(shared_data_dir())) if isinstance(path, str) else path
+
+
+def _need(args, *names):
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) in (None, "")]
+    if missing:
+        raise SystemExit(f"`{args.command}` needs {', '.join(missing)}")
+
+
+def _build(args, prefix: str):
+    from .build import build_concept_graph
+
+    path = _expand(getattr(args, prefix))
+    full = read_captions(path)
+    cs = read_captions(path, getattr(args, f"{prefix}_split"), [_expand(f) for f in getattr(args, f"{prefix}_images") or []] or None)
+    # the whole file is parsed (and cached) once; splits and image lists select from it
+    graph, report = build_concept_graph(cs, backend=args.backend, workers=args.workers, degrade_prob=args.degrade,
+                                        seed=args.seed, cache=not args.no_cache, file_captions=full.captions)
+    print(f"[{prefix}] {len(cs):,} captions / {cs.n_images:,} images from {cs.source}: parse {report.parse_seconds:.1f}s "
+          f"({'cached' if report.parse_from_cache else args.backend + f', {args.workers} worker(s)'}), "
+          f"extract {report.extract_seconds:.1f}s, graph {report.graph_seconds:.1f}s; "
+          f"unparsed {report.parse_failed}, undecomposable {report.extraction_failed}", flush=True)
+    return cs, graph, report
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_argparser()
+    args = _apply_config(parser.parse_args(argv), parser)
+    try:
+        if args.command == "check-parser":
+            ok_any = False
+            for b in [args.backend] if args.backend else BACKENDS:
+                ok, why = backend_available(b)
+                ok_any |= ok
+                print(f"{b:<13} {'available' if ok else 'NOT available: ' + why}")
+            return 0 if ok_any else 1
+        if args.command == "show":
+            g = ConceptGraph.load(args.graph)
+            print(json.dumps(g.caption_tree(args.caption), indent=2, ensure_ascii=False))
+            return 0
+        if args.command == "stats":
+            if args.graph:
+                g = ConceptGraph.load(args.graph)
+                name = Path(args.graph).parent.name
+            else:
+                _need(args, "captions")
+                _, g, _ = _build(args, "captions")
+                name = Path(_expand(args.captions)).stem
+            print(format_stats(g.stats(), name))
+            return 0
+        if args.command == "crg":
+            _need(args, "captions", "out")
+            t0 = time.perf_counter()
+            cs, g, report = _build(args, "captions")
+            out = Path(_expand(args.out))
+            g.save(out / "crg.npz")
+            stats = g.stats()
+            atomic_write_json(out / "stats.json", {"source": cs.source, "backend": args.backend, "degrade": args.degrade,
+                                                   "seed": args.seed, **stats, "parse_seconds": report.parse_seconds,
+                                                   "extract_seconds": report.extract_seconds, "graph_seconds": report.graph_seconds,
+                                                   "parse_cache": report.parse_cache, "unparsed_examples": report.failed_examples}, indent=2)
+            print(format_stats(stats, Path(_expand(args.captions)).stem))
+            print(f"wrote {out / 'crg.npz'} and {out / 'stats.json'} in {time.perf_counter() - t0:.1f}s")
+            return 0
+        if args.command == "mcd":
+            from .mcd import make_mcd_splits
+
+            _need(args, "train", "candidates", "out")
+            _, train_g, _ = _build(args, "train")
+            cand_cs, cand_g, _ = _build(args, "candidates")
+            out = Path(_expand(args.out))
+            train_g.save(out / "train_crg.npz")
+            cand_g.save(out / "candidates_crg.npz")
+            s = make_mcd_splits(train_g, cand_g, cand_cs, out, k=args.k, stride=args.stride, levels=args.levels,
+                                random_baselines=args.random_baselines, seed=args.seed)
+            rnd = s["random_splits"]
+            print(f"candidates kept {s['candidates_kept']:,} of {s['candidates']:,} (dropped {s['candidates_dropped']:,} "
+                  f"with primitives unseen in training or no predicates)")
+            print(f"MCD split ({s['k']} images): compound divergence {s['mcd']['compound_divergence']:.4f}, "
+                  f"atom divergence {s['mcd']['atom_divergence']:.4f}; all candidates {s['cd_all_candidates']:.4f}")
+            if rnd["n"]:
+                import numpy as np
+
+                cd = np.asarray(rnd["compound_divergence"])
+                print(f"{rnd['n']} random splits: compound divergence {cd.mean():.4f} ± {cd.std():.4f} (max {cd.max():.4f}); "
+                      f"MCD beats all: {s['mcd_beats_all_random']}")
+            print(f"{s['windows']['n']} sliding windows span CD {s['windows']['compound_divergence_min']:.4f}–"
+                  f"{s['windows']['compound_divergence_max']:.4f}; wrote {len(s['graded'])} graded splits under {out / 'graded'}")
+            return 0
+    except (CaptionFileError, ParserUnavailableError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

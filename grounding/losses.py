@@ -1,0 +1,38 @@
+"""Cross-modal contrastive losses shared by every stage (VG-BERT Eq. 2, CLIP's symmetric InfoNCE).
+
+One function computes the loss from a (B_images x B_texts) similarity matrix whose diagonal holds
+the positive pairs; the match-map similarity (VG-BERT Eq. 1) and the dot-product similarity of the
+dual-encoder baseline both feed it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_modal_contrastive_loss(similarity: torch.Tensor, temperature: float | torch.Tensor = 0.1,
+                                 use_loss_l: bool = True, use_loss_v: bool = True,
+                                 combine: str = "sum") -> dict[str, torch.Tensor]:
+    """Eq. 2: ``Loss_l`` (anchor image i, positive caption i, negatives: the batch's other captions)
+    plus ``Loss_v`` (anchor caption i, negatives: the other images). Row i / column i of
+    ``similarity`` = image i / caption i; S[i, i] are the positives.
+
+    Either term can be switched off (App. A.2 Table 2 ablation); both are always returned for
+    logging. ``loss`` = the enabled terms summed (``combine="sum"``, VG-BERT) or averaged
+    (``combine="mean"``, CLIP's symmetric InfoNCE).
+    """
+    if similarity.dim() != 2 or similarity.shape[0] != similarity.shape[1]:
+        raise ValueError(f"similarity must be a square (images x texts) matrix; got {tuple(similarity.shape)}")
+    if not (use_loss_l or use_loss_v):
+        raise ValueError("At least one of use_loss_l / use_loss_v must be enabled.")
+    logits = similarity / temperature
+    target = torch.arange(logits.shape[0], device=logits.device)
+    loss_l = F.cross_entropy(logits, target)  # softmax over captions j for image anchor i
+    loss_v = F.cross_entropy(logits.t(), target)  # softmax over images j for caption anchor i
+    loss = (loss_l if use_loss_l else 0) + (loss_v if use_loss_v else 0)
+    if combine == "mean":
+        loss = loss / (int(use_loss_l) + int(use_loss_v))
+    elif combine != "sum":
+        raise ValueError(f"combine must be 'sum' or 'mean'; got {combine!r}")
+    return {"loss": loss, "loss_l": loss_l, "loss_v": loss_v}

@@ -1,0 +1,91 @@
+"""Cross-modal retrieval metrics shared by every stage.
+
+Given an (images x captions) score matrix and the image of each caption (5 per image in COCO /
+Flickr): image->text Recall@K (a hit when ANY of the image's captions is in the top K, the standard
+VSE/COCO protocol), text->image Recall@K (its one image in the top K), their sum ``rsum`` and the
+median/mean ranks (1-based). Recalls are percentages. Ties count against the ground truth (every
+competitor scoring >= the true item ranks above it), so a constant scorer cannot look perfect.
+
+COCO-1K: the 5K test images split into 5 folds of 1,000 consecutive images (with their captions);
+the metrics are averaged over folds (``fold_size``; applied automatically at >= 5,000 images).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DEFAULT_KS = (1, 5, 10)
+
+
+@torch.no_grad()
+def retrieval_ranks(scores: torch.Tensor, caption_image_index: torch.Tensor,
+                    chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based ranks: image->text (I,) of the best-ranked true caption; text->image (N,) of the true image.
+
+    Images without any caption get rank -1 (left out of the image->text metrics).
+    """
+    if scores.dim() != 2 or caption_image_index.shape != (scores.shape[1],):
+        raise ValueError(f"scores must be (images, captions) and caption_image_index (captions,); got "
+                         f"{tuple(scores.shape)} and {tuple(caption_image_index.shape)}")
+    scores = scores.float()
+    n_img, n_cap = scores.shape
+    idx = caption_image_index.to(scores.device).long()
+    if n_cap and (idx.min() < 0 or idx.max() >= n_img):
+        raise ValueError(f"caption_image_index must lie in [0, {n_img}); got range [{int(idx.min())}, {int(idx.max())}]")
+    cols = torch.arange(n_cap, device=scores.device)
+    true = scores[idx, cols]  # (N,) score of each caption with its own image
+    best = torch.full((n_img,), float("-inf"), device=scores.device).scatter_reduce(0, idx, true, "amax")
+    i2t = torch.zeros(n_img, dtype=torch.long, device=scores.device)
+    t2i = torch.empty(n_cap, dtype=torch.long, device=scores.device)
+    for a in range(0, n_cap, chunk):  # bounded memory: (I x chunk) comparisons at a time
+        block = scores[:, a:a + chunk]
+        t2i[a:a + chunk] = (block >= true[a:a + chunk]).sum(0) - 1  # minus the true image itself
+        i2t += (block >= best[:, None]).sum(1)
+    # Captions of the image itself that tie its best score are not competitors.
+    own_ties = torch.zeros(n_img, dtype=torch.long, device=scores.device).scatter_add(0, idx, (true >= best[idx]).long())
+    i2t -= own_ties
+    has_caption = torch.isfinite(best)
+    i2t[~has_caption] = -1
+    return i2t, t2i
+
+
+def _recalls(ranks: torch.Tensor, ks, prefix: str) -> dict[str, float]:
+    ranks = ranks[ranks >= 0].float()
+    out = {f"{prefix}_r{k}": 100.0 * (ranks < k).float().mean().item() for k in ks}
+    # VSE++ convention: floor(median of 0-based ranks) + 1 (numpy median: mean of the middle two).
+    out[f"{prefix}_medr"] = math.floor(ranks.quantile(0.5).item()) + 1 if len(ranks) else float("nan")
+    out[f"{prefix}_meanr"] = ranks.mean().item() + 1 if len(ranks) else float("nan")
+    return out
+
+
+def recall_metrics(i2t_ranks: torch.Tensor, t2i_ranks: torch.Tensor, ks=DEFAULT_KS) -> dict[str, float]:
+    out = {**_recalls(i2t_ranks, ks, "i2t"), **_recalls(t2i_ranks, ks, "t2i")}
+    out["rsum"] = sum(out[f"{p}_r{k}"] for p in ("i2t", "t2i") for k in ks)
+    return out
+
+
+def retrieval_metrics(scores: torch.Tensor, caption_image_index: torch.Tensor, ks=DEFAULT_KS,
+                      fold_size: int | None = None, folds_from: int = 5000) -> dict[str, float]:
+    """All metrics over the full matrix, plus ``<fold_size>k/...`` fold means (COCO-1K protocol).
+
+    Folds are taken when ``fold_size`` is given or, with fold_size 1000, when there are at least
+    ``folds_from`` images. Keys: i2t_r1.. i2t_medr, t2i_r1.. t2i_medr, rsum; fold keys prefixed
+    e.g. ``1k/i2t_r1``.
+    """
+    out = recall_metrics(*retrieval_ranks(scores, caption_image_index), ks=ks)
+    n_img = scores.shape[0]
+    if fold_size is None and n_img >= folds_from:
+        fold_size = 1000
+    if fold_size and n_img >= 2 * fold_size:
+        idx = caption_image_index.to(scores.device).long()
+        per_fold = []
+        for start in range(0, n_img - fold_size + 1, fold_size):
+            cap = ((idx >= start) & (idx < start + fold_size)).nonzero().squeeze(1)
+            sub = scores[start:start + fold_size][:, cap]
+            per_fold.append(recall_metrics(*retrieval_ranks(sub, idx[cap] - start), ks=ks))
+        name = f"{fold_size // 1000}k" if fold_size % 1000 == 0 else f"fold{fold_size}"
+        for key in per_fold[0]:
+            out[f"{name}/{key}"] = sum(f[key] for f in per_fold) / len(per_fold)
+    return out

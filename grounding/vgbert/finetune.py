@@ -1,0 +1,255 @@
+"""VG-BERT stage 2: relational finetune on Visual Genome (§3.2-3.3, App. A.3) as a LightningModule.
+
+:class:`RelationalFinetune` starts from a stage-1 checkpoint (``init_from``: the streams under
+``model.visual.*`` / ``model.language.*``; the stage-1 projection heads are dropped), keeps the CNN
+frozen, refines the visual self-attention layer and the top l = 2 BERT layers, and trains the
+cross-modal attention, bilinear relation module and auxiliary classifier with
+Loss_rel + Loss_obj + object cross-entropy (each switchable for the Table 5 ablation).
+
+Relation and object label sets come from the DataModule (``relation_labels`` / ``object_classes``,
+e.g. the 114 / 55 of ``data_modules.vg_cleaning``) when not given, and are stored in the
+checkpoint's hyperparameters. Metrics on val/test: relation top-1 / top-10 and object top-1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torchmetrics.classification import MulticlassAccuracy
+
+from grounding import feature_cache as fcache
+from grounding.encoders import MissingWeightsError
+from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
+from grounding.vgbert.relational import VGBertRelational, relational_losses
+
+
+class CheckpointError(MissingWeightsError, FileNotFoundError):
+    """A checkpoint named by ``init_from`` is missing, unreadable or does not fit the model."""
+
+
+def read_checkpoint(path: str | Path, what: str) -> dict:
+    """A Lightning checkpoint (or a bare state dict) as {"state_dict", "hyper_parameters"}."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"{what} checkpoint {path} not found. Train that stage first (see `make stage2` in "
+                              "the README) or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt).")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        try:  # this suite's own Lightning checkpoints may hold non-tensor hyperparameters
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
+    if isinstance(ckpt, dict) and "state_dict" in ckpt:
+        return {"state_dict": ckpt["state_dict"], "hyper_parameters": dict(ckpt.get("hyper_parameters") or {})}
+    if isinstance(ckpt, dict) and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return {"state_dict": ckpt, "hyper_parameters": {}}
+    raise CheckpointError(f"{path} is not a Lightning checkpoint or state dict ({what}).")
+
+
+def load_submodules(target: torch.nn.Module, ckpt: dict, prefixes: dict[str, str], path: str | Path,
+                    what: str, matching_hparams: dict | None = None) -> None:
+    """Copy ``ckpt`` weights under each source prefix into ``target``'s submodule named by the value.
+
+    Strict about the target's keys (every parameter/buffer of the named submodules must be in the
+    checkpoint with the same shape); other checkpoint keys (e.g. stage-1 projection heads) are ignored.
+    """
+    state, hp = ckpt["state_dict"], ckpt["hyper_parameters"]
+    for key, value in (matching_hparams or {}).items():
+        if key in hp and hp[key] != value:
+            raise CheckpointError(f"{what} checkpoint {path} was trained with {key}={hp[key]!r} but this model has "
+                                  f"{key}={value!r}; set the config's {key} to {hp[key]!r}.")
+    for src_prefix, dst_name in prefixes.items():
+        module = target.get_submodule(dst_name)
+        own = module.state_dict()
+        found = {k[len(src_prefix):]: v for k, v in state.items() if k.startswith(src_prefix)}
+        missing = sorted(set(own) - set(found))
+        if missing:
+            raise CheckpointError(
+                f"{what} checkpoint {path} lacks {len(missing)} weight(s) of {dst_name!r} under prefix {src_prefix!r} "
+                f"(e.g. {missing[:4]}). Is it a checkpoint of the right stage, trained with the same text_encoder / "
+                "backbone / visual_heads?")
+        wrong = [k for k in own if tuple(own[k].shape) != tuple(found[k].shape)]
+        if wrong:
+            raise CheckpointError(f"{what} checkpoint {path}: shape mismatch for {dst_name}.{wrong[0]} "
+                                  f"({tuple(found[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}); use the same "
+                                  "text_encoder / backbone / widths as the run that wrote it.")
+        module.load_state_dict({k: found[k] for k in own}, strict=True)
+
+
+def attach_feature_cache(backbone: torch.nn.Module, trainer, datamodule, cache_root: str | None) -> None:
+    """Swap every image dataset's pixel loader for cached frozen-backbone feature maps."""
+    datasets, seen = [], set()
+    for name, value in vars(datamodule).items():
+        for ds in (value.values() if isinstance(value, dict) else [value]):
+            if hasattr(ds, "image_paths") and hasattr(ds, "load_image") and id(ds) not in seen:
+                seen.add(id(ds))
+                datasets.append(ds)
+    if not datasets:
+        warnings.warn("feature_cache: the DataModule exposes no image dataset; running the frozen backbone instead.",
+                      stacklevel=2)
+    for ds in datasets:
+        if trainer.is_global_zero:
+            loader = fcache.build_or_load(backbone, ds, cache_root, device=trainer.strategy.root_device,
+                                          num_workers=int(getattr(datamodule, "num_workers", 0) or 0))
+        trainer.strategy.barrier("feature_cache")
+        if not trainer.is_global_zero:
+            loader = fcache.build_or_load(backbone, ds, cache_root, build=False)
+        fcache.attach(ds, loader)
+
+
+class RelationalFinetune(GroundingModule):
+    """VG-BERT relational grounding (Fig. 2); monitors ``val/relation_top1`` (max).
+
+    Args (paper values in brackets): init_from [a stage-1 checkpoint; None trains from the
+    pretrained encoders], text_encoder [bert-base-uncased], backbone [vgg16], trainable_layers l [2],
+    freeze_query_key [True, as in stage 1 App. A.2], dropout [0.1], visual_heads [12: the stage-1
+    visual self-attention], num_heads h of the cross-modal attention [8], relation_dim d [32],
+    query_pooling ["tokens": each description token attends, outputs averaged], temperature tau
+    [1.0], use_loss_rel / use_loss_obj / use_object_loss [all; Table 5 switches one off],
+    mask_same_pair (a pair's other annotated predicates are not its negatives) [True], drop_loss
+    ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_* switches),
+    relation_labels / object_classes [from the DataModule], top_k [(1, 10)], feature_cache [True].
+    """
+
+    monitor = "val/relation_top1"
+    monitor_mode = "max"
+
+    def __init__(self, init_from: str | None = None, text_encoder: str = "minilm", backbone: str = "vgg16",
+                 backbone_weights: str | None = "default", trainable_layers: int = 2, freeze_query_key: bool = True,
+                 dropout: float = 0.1, attention_dropout: float | None = None, visual_heads: int = 12,
+                 image_size: int = 224, num_heads: int = 8, relation_dim: int = 32, query_pooling: str = "tokens",
+                 classifier_hidden: int | None = None, train_visual_attention: bool = True, temperature: float = 1.0,
+                 use_loss_rel: bool = True, use_loss_obj: bool = True, use_object_loss: bool = True,
+                 mask_same_pair: bool = True, drop_loss: str = "none", relation_labels: list[str] | None = None,
+                 object_classes: list[str] | None = None, top_k: tuple[int, ...] = (1, 10),
+                 feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler)
+        ablations = {"none": (), "rel": ("use_loss_rel",), "obj": ("use_loss_obj",), "aux": ("use_object_loss",)}
+        if drop_loss not in ablations:
+            raise ValueError(f"drop_loss must be one of {sorted(ablations)} (Table 5 rows); got {drop_loss!r}")
+        use_loss_rel = use_loss_rel and drop_loss != "rel"
+        use_loss_obj = use_loss_obj and drop_loss != "obj"
+        use_object_loss = use_object_loss and drop_loss != "aux"
+        if not (use_loss_rel or use_loss_obj or use_object_loss):
+            raise ValueError("use_loss_rel, use_loss_obj and use_object_loss are all False: enable at least one.")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0; got {temperature}")
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss)
+        self.model: VGBertRelational | None = None
+        self._init_loaded = False
+        if relation_labels is not None and object_classes is not None:
+            self._build(list(relation_labels), list(object_classes))
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, relation_labels: list[str], object_classes: list[str]) -> None:
+        h = self.hparams
+        if len(relation_labels) < 2 or len(object_classes) < 2:
+            raise ValueError(f"RelationalFinetune needs at least 2 relation labels and 2 object classes; got "
+                             f"{len(relation_labels)} and {len(object_classes)}. Check the label mapping / data.")
+        # With a stage-1 checkpoint the frozen CNN comes from it too: no separate ImageNet file needed.
+        weights = None if h.init_from else h.backbone_weights
+        self.model = VGBertRelational(len(relation_labels), len(object_classes), h.text_encoder, h.backbone, weights,
+                                      h.trainable_layers, h.freeze_query_key, h.dropout, h.visual_heads, h.image_size,
+                                      h.num_heads, h.relation_dim, h.attention_dropout, h.query_pooling,
+                                      h.classifier_hidden, h.train_visual_attention)
+        self.hparams["relation_labels"], self.hparams["object_classes"] = relation_labels, object_classes
+        metrics = {}
+        for split in ("val", "test"):
+            for k in h.top_k:
+                kk = min(int(k), len(relation_labels))
+                if kk < k:
+                    warnings.warn(f"relation top-{k}: only {len(relation_labels)} relation labels, using top-{kk}.",
+                                  stacklevel=2)
+                metrics[f"{split}_relation_top{k}"] = MulticlassAccuracy(len(relation_labels), top_k=kk,
+                                                                         average="micro", ignore_index=-1)
+            metrics[f"{split}_object_top1"] = MulticlassAccuracy(len(object_classes), top_k=1, average="micro",
+                                                                 ignore_index=-1)
+        self.metrics = torch.nn.ModuleDict(metrics)
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        labels = (list(dm.relation_labels), list(dm.object_classes)) if dm is not None and hasattr(
+            dm, "relation_labels") else None
+        if self.model is None:
+            if labels is None:
+                raise ValueError("RelationalFinetune needs relation_labels and object_classes: give them as init args "
+                                 "or use a DataModule exposing .relation_labels / .object_classes (VisualGenomeDataModule).")
+            self._build(*labels)
+        elif labels is not None and labels != (self.hparams.relation_labels, self.hparams.object_classes):
+            raise ValueError("The DataModule's relation labels / object classes differ from the model's "
+                             f"({len(labels[0])}/{len(labels[1])} vs {len(self.hparams.relation_labels)}/"
+                             f"{len(self.hparams.object_classes)}): use the same label mapping as the checkpoint.")
+        if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
+            self.load_stage1(self.hparams.init_from)
+        if self.hparams.feature_cache and dm is not None:
+            attach_feature_cache(self.model.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
+
+    def load_stage1(self, path: str | Path) -> None:
+        """Load the visual and language streams of a stage-1 (GroundingPretrain) checkpoint."""
+        h = self.hparams
+        ckpt = read_checkpoint(path, "stage-1")
+        load_submodules(self.model, ckpt, {"model.visual.": "visual", "model.language.": "language"}, path, "stage-1",
+                        {"text_encoder": h.text_encoder, "backbone": h.backbone, "visual_heads": h.visual_heads})
+        self._init_loaded = True
+
+    # ------------------------------------------------------------------ steps
+    def _losses(self, batch, out):
+        h = self.hparams
+        return relational_losses(out["relation_scores"], out["object_logits"], batch["triplet_subject"],
+                                 batch["triplet_object"], batch["triplet_predicate"], batch["object_labels"],
+                                 h.temperature, h.use_loss_rel, h.use_loss_obj, h.use_object_loss, h.mask_same_pair)
+
+    def training_step(self, batch, batch_idx):
+        out = self.model(batch)
+        losses = self._losses(batch, out)
+        b = batch["images"].shape[0]
+        for k, v in losses.items():
+            self.log(f"train/{k}", v, prog_bar=k == "loss", batch_size=b)
+        return losses["loss"]
+
+    def _eval_step(self, batch, split: str):
+        out = self.model(batch)
+        losses = self._losses(batch, out)
+        b = batch["images"].shape[0]
+        self.log(f"{split}/loss", losses["loss"], batch_size=b, sync_dist=True)
+        for k in self.hparams.top_k:
+            m = self.metrics[f"{split}_relation_top{k}"]
+            m.update(out["relation_scores"], batch["triplet_predicate"])
+            self.log(f"{split}/relation_top{k}", m, prog_bar=k == 1, batch_size=b)
+        m = self.metrics[f"{split}_object_top1"]
+        m.update(out["object_logits"], batch["object_labels"])
+        self.log(f"{split}/object_top1", m, batch_size=b)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, "test")
+
+    def predict_step(self, batch, batch_idx, dataloader_idx: int = 0, top: int = 5):
+        """Fig. 6: the top relation labels of every annotated pair and each object's class."""
+        out = self.model(batch, return_attention=True)
+        rel, obj = self.hparams.relation_labels, self.hparams.object_classes
+        top = min(top, len(rel))
+        scores, ids = out["relation_scores"].softmax(-1).topk(top, dim=-1)
+        names = batch.get("object_names") or [""] * len(batch["object_labels"])
+        s, o = batch["triplet_subject"].tolist(), batch["triplet_object"].tolist()
+        return {
+            "triplets": [{"subject": names[si], "object": names[oi],
+                          "true": rel[p] if p >= 0 else None,
+                          "predicted": [(rel[j], float(q)) for j, q in zip(i_row, q_row)]}
+                         for si, oi, p, i_row, q_row in zip(s, o, batch["triplet_predicate"].tolist(), ids.tolist(),
+                                                            scores.tolist())],
+            "objects": [{"name": n, "predicted": obj[j], "true": obj[t] if t >= 0 else None}
+                        for n, j, t in zip(names, out["object_logits"].argmax(-1).tolist(),
+                                           batch["object_labels"].tolist())],
+            "attention": out["attention"].cpu(),
+        }
+
+
+__all__ = ["RelationalFinetune", "CheckpointError", "read_checkpoint", "load_submodules", "attach_feature_cache"]

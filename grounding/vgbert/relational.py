@@ -1,0 +1,323 @@
+"""VG-BERT relational grounding (§3.2, App. A.3.1): cross-modal attention, bilinear relations, losses.
+
+* :class:`CrossModalAttention` (App. A.3.1 Eqs. 1-3): object-description tokens from the language
+  stream are the queries (Query_L), every location of the visual stream's map gives keys and values
+  (Key_V, Value_V); h = 8 heads, concatenated, no output projection (Eq. 3). Each WordPiece token of a
+  description ("large black elephant") queries the image on its own and the grounded object
+  representation is the mean of its word tokens' outputs ([CLS]/[SEP] excluded): every word can
+  retrieve its own evidence (the colour, the animal) before they are combined. ``query_pooling=
+  "mean"`` instead averages the token embeddings into one query per object.
+* :class:`BilinearRelation` (Eq. 3 / App. Eqs. 4-5): subject and object maps to d = 32 and one
+  bilinear ``relation_operator`` R_p per relation with ||R_p||_F = 1; S = r_s R_p r_oᵀ.
+* :class:`ObjectClassifier`: the auxiliary two-layer head (FC-ReLU-FC).
+* :func:`relation_loss` (Eq. 4) and :func:`object_pair_loss` (Eq. 5), vectorised over triplets.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUERY_POOLING = ("tokens", "mean")
+
+
+def group_slots(group: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, int]:
+    """Position of every element within its group (stable), and the largest group size.
+
+    Objects are flattened over the batch with their image row in ``group``; the slot lets them be
+    scattered into a padded (B, M, ...) tensor so each image's objects attend to that image only.
+    """
+    if group.numel() == 0:
+        return group.new_zeros(0), 0
+    counts = torch.bincount(group, minlength=num_groups)
+    order = torch.argsort(group, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(group)
+    slot[order] = torch.arange(group.numel(), device=group.device) - starts[group[order]]
+    return slot, int(counts.max())
+
+
+class CrossModalAttention(nn.Module):
+    """Multi-head attention from object-description tokens (queries) to visual locations (keys/values).
+
+    Args:
+        width: model width D of both streams (BERT hidden size; 768 in the paper).
+        num_heads: h (8); must divide ``width``. Per-head dimension d = D / h scales Eq. 2.
+        dropout: dropout on the attention weights.
+        query_pooling: "tokens" (each token attends, outputs averaged over words) or "mean".
+    """
+
+    def __init__(self, width: int, num_heads: int = 8, dropout: float = 0.0, query_pooling: str = "tokens"):
+        super().__init__()
+        if num_heads < 1 or width % num_heads:
+            divisors = [h for h in range(1, min(width, 32) + 1) if width % h == 0]
+            raise ValueError(f"CrossModalAttention: num_heads={num_heads} must divide the width {width}; "
+                             f"choose one of {divisors} (the paper uses 8 with BERT-base's 768).")
+        if query_pooling not in QUERY_POOLING:
+            raise ValueError(f"query_pooling must be one of {QUERY_POOLING}; got {query_pooling!r}")
+        self.width, self.num_heads, self.head_dim = width, num_heads, width // num_heads
+        self.dropout = dropout
+        self.query_pooling = query_pooling
+        # W_Q^i, W_K^i, W_V^i of all heads side by side (App. A.3.1 Eq. 1).
+        self.query = nn.Linear(width, width)
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
+
+    def keys(self, visual: torch.Tensor) -> torch.Tensor:
+        """Key_V (B, L, D) of visual tokens (B, L, D) or (B, h, w, D), heads concatenated."""
+        return self.key(visual.flatten(1, -2))
+
+    def queries(self, words: torch.Tensor) -> torch.Tensor:
+        """Query_L (N, T, D) of language tokens, heads concatenated."""
+        return self.query(words)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (..., L, D) -> (..., heads, L, d)
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-3, -2)
+
+    def forward(self, visual: torch.Tensor, words: torch.Tensor, word_mask: torch.Tensor,
+                object_image_index: torch.Tensor, return_attention: bool = False) -> dict[str, torch.Tensor]:
+        """Ground every object description in its own image.
+
+        Args:
+            visual: visual tokens V (B, h, w, D) or (B, L, D).
+            words: language tokens of the object descriptions L (N, T, D).
+            word_mask: (N, T) bool, the tokens that are words of the description.
+            object_image_index: (N,) batch row of each object's image.
+        Returns ``grounded`` (N, D) = pooled O of Eq. 3, ``tokens`` (N, T, D) per-token outputs and,
+        with ``return_attention``, ``attention`` (N, L): the pooled, head-averaged attention map.
+        """
+        visual = visual.flatten(1, -2)
+        b, n_loc, _ = visual.shape
+        n, t, _ = words.shape
+        mask = word_mask.bool()
+        # A description without word tokens (empty after truncation) falls back to all its tokens.
+        mask = torch.where(mask.any(1, keepdim=True), mask, torch.ones_like(mask))
+        q_in = words
+        if self.query_pooling == "mean":
+            q_in = (words * mask.unsqueeze(-1)).sum(1, keepdim=True) / mask.sum(1, keepdim=True).unsqueeze(-1)
+            mask, t = mask[:, :1], 1
+        k = self._split(self.key(visual))      # B, h, L, d
+        v = self._split(self.value(visual))    # B, h, L, d
+        q = self.query(q_in)                   # N, T, D
+        # Pack objects per image: (B, M*T, D) queries attend to their image's L keys in one batched call.
+        slot, m = group_slots(object_image_index, b)
+        packed = q.new_zeros(b, max(m, 1), t, self.width)
+        packed[object_image_index, slot] = q
+        qh = self._split(packed.reshape(b, -1, self.width))  # B, h, M*T, d
+        if return_attention:
+            attn = torch.softmax(qh @ k.transpose(-1, -2) / self.head_dim ** 0.5, dim=-1)  # Eq. 2
+            out = F.dropout(attn, self.dropout, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(qh, k, v, dropout_p=self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(b, -1, t, self.width)  # heads concatenated (Eq. 3)
+        tokens = out[object_image_index, slot]  # N, T, D
+        weights = mask.to(tokens.dtype) / mask.sum(1, keepdim=True).to(tokens.dtype)
+        result = {"grounded": torch.einsum("ntd,nt->nd", tokens, weights), "tokens": tokens}
+        if return_attention:
+            a = attn.mean(1).reshape(b, -1, t, n_loc)[object_image_index, slot]  # N, T, L
+            result["attention"] = torch.einsum("ntl,nt->nl", a, weights)
+        return result
+
+
+class BilinearRelation(nn.Module):
+    """Subject/object maps to R^d and one Frobenius-normalised bilinear operator R_p per relation.
+
+    ``relation_operator`` (P, d, d) = W_p / ||W_p||_F: the norm constraint of App. A.3.1 Eq. 5 as a
+    reparameterisation, so every R_p stays on the unit sphere under any optimiser.
+    """
+
+    def __init__(self, width: int, num_relations: int, dim: int = 32):
+        super().__init__()
+        if num_relations < 1:
+            raise ValueError(f"BilinearRelation needs at least one relation label; got num_relations={num_relations}.")
+        self.dim = dim
+        self.subject_map = nn.Linear(width, dim)
+        self.object_map = nn.Linear(width, dim)
+        self.relation_weight = nn.Parameter(torch.randn(num_relations, dim, dim) / dim)
+
+    @property
+    def num_relations(self) -> int:
+        return self.relation_weight.shape[0]
+
+    @property
+    def relation_operator(self) -> torch.Tensor:
+        norm = torch.linalg.matrix_norm(self.relation_weight, ord="fro", keepdim=True)
+        return self.relation_weight / norm.clamp_min(1e-12)
+
+    def project(self, grounded: torch.Tensor, subject: torch.Tensor, object: torch.Tensor):
+        """r_s (N_rel, d) and r_o (N_rel, d) of the triplets' subject / object rows of ``grounded``."""
+        return self.subject_map(grounded[subject]), self.object_map(grounded[object])
+
+    def forward(self, r_s: torch.Tensor, r_o: torch.Tensor) -> torch.Tensor:
+        """S[n, p] = r_s[n] R_p r_o[n]ᵀ for every triplet n and every relation p (Eq. 3)."""
+        return bilinear_scores(r_s, r_o, self.relation_operator)
+
+
+def bilinear_scores(r_s: torch.Tensor, r_o: torch.Tensor, operators: torch.Tensor) -> torch.Tensor:
+    """(N, d) x (P, d, d) x (N, d) -> (N, P): S[n, p] = r_s[n] · R_p · r_o[n]ᵀ."""
+    return torch.einsum("nd,pde,ne->np", r_s, operators, r_o)
+
+
+class ObjectClassifier(nn.Sequential):
+    """Auxiliary object classification head on the grounded representation: FC - ReLU - FC (§3.2)."""
+
+    def __init__(self, width: int, num_classes: int, hidden: int | None = None):
+        hidden = hidden or width
+        super().__init__(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (Eq. 4, Eq. 5)
+# ---------------------------------------------------------------------------------------------
+def pair_relation_mask(subject: torch.Tensor, object: torch.Tensor, predicate: torch.Tensor, num_relations: int,
+                       same_pair: bool = True) -> torch.Tensor:
+    """(N, P) bool: relation p holds for triplet n's (subject, object) pair somewhere in the batch.
+
+    With ``same_pair`` a pair annotated with several predicates (VG's "man wearing shirt" and
+    "man has shirt") holds all of them; without it only the triplet's own predicate.
+    """
+    n = predicate.numel()
+    holds = torch.zeros(n, num_relations, dtype=torch.bool, device=predicate.device)
+    if not same_pair or n == 0:
+        holds[torch.arange(n, device=predicate.device), predicate] = True
+        return holds
+    _, pair = torch.unique(torch.stack([subject, object], 1), dim=0, return_inverse=True)
+    per_pair = torch.zeros(int(pair.max()) + 1, num_relations, dtype=torch.bool, device=predicate.device)
+    per_pair[pair, predicate] = True
+    return per_pair[pair]
+
+
+def relation_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
+                  holds: torch.Tensor | None = None) -> torch.Tensor:
+    """Loss_rel (Eq. 4): anchor = a subject-object pair, positive = R of its relation, negatives =
+    every other relation. ``holds`` (N, P) removes the pair's other true relations from the
+    negatives (multi-labelled pairs); None keeps the paper's plain softmax over all relations.
+    """
+    logits = scores / temperature
+    if holds is not None:
+        other_true = holds.clone()
+        other_true[torch.arange(len(predicate), device=predicate.device), predicate] = False
+        logits = logits.masked_fill(other_true, float("-inf"))
+    return F.cross_entropy(logits, predicate)
+
+
+def object_pair_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
+                     holds: torch.Tensor | None = None) -> torch.Tensor:
+    """Loss_obj (Eq. 5): anchor = relation p_n of triplet n, positive = pair n, negatives = the
+    batch's other subject-object pairs *in a different relation*.
+
+    ``scores[m, p]`` already holds S(r_s^m, r_o^m; R_p), so the candidates of anchor n are column
+    p_n. Pairs m != n that also hold p_n (same predicate, or per ``holds`` the same pair under
+    another label) are not negatives and leave the denominator.
+    """
+    n = predicate.numel()
+    logits = scores[:, predicate].t() / temperature  # [anchor n, candidate m] = S(m; R_{p_n})
+    holds = holds if holds is not None else F.one_hot(predicate, scores.shape[1]).bool()
+    not_negative = holds[:, predicate].t()  # [n, m]: pair m holds relation p_n
+    eye = torch.eye(n, dtype=torch.bool, device=scores.device)
+    logits = logits.masked_fill(not_negative & ~eye, float("-inf"))
+    return F.cross_entropy(logits, torch.arange(n, device=scores.device))
+
+
+class RelationalGrounding(nn.Module):
+    """Cross-modal attention + bilinear relations + auxiliary classifier on top of the two streams.
+
+    ``forward`` takes visual tokens and object-description tokens (already encoded by the streams)
+    and the batch's triplet indices; it returns the grounded objects, ``relation_scores`` (N_rel, P)
+    and ``object_logits`` (N_obj, C).
+    """
+
+    def __init__(self, width: int, num_relations: int, num_object_classes: int, num_heads: int = 8,
+                 relation_dim: int = 32, attention_dropout: float = 0.0, query_pooling: str = "tokens",
+                 classifier_hidden: int | None = None):
+        super().__init__()
+        self.attention = CrossModalAttention(width, num_heads, attention_dropout, query_pooling)
+        self.relation = BilinearRelation(width, num_relations, relation_dim)
+        self.classifier = ObjectClassifier(width, num_object_classes, classifier_hidden)
+
+    def forward(self, visual, words, word_mask, object_image_index, triplet_subject, triplet_object,
+                return_attention: bool = False) -> dict[str, torch.Tensor]:
+        out = self.attention(visual, words, word_mask, object_image_index, return_attention)
+        r_s, r_o = self.relation.project(out["grounded"], triplet_subject, triplet_object)
+        out["relation_scores"] = self.relation(r_s, r_o)
+        out["object_logits"] = self.classifier(out["grounded"])
+        return out
+
+
+def relational_losses(relation_scores: torch.Tensor, object_logits: torch.Tensor, triplet_subject: torch.Tensor,
+                      triplet_object: torch.Tensor, triplet_predicate: torch.Tensor, object_labels: torch.Tensor,
+                      temperature: float = 1.0, use_loss_rel: bool = True, use_loss_obj: bool = True,
+                      use_object_loss: bool = True, mask_same_pair: bool = True) -> dict[str, torch.Tensor]:
+    """Loss_rel + Loss_obj + object cross-entropy; each switchable (Table 5). Unlabelled (-1)
+    triplets and objects are ignored. All terms are always returned (for logging)."""
+    valid = triplet_predicate >= 0
+    scores, pred = relation_scores[valid], triplet_predicate[valid]
+    zero = relation_scores.sum() * 0.0 + object_logits.sum() * 0.0  # keeps the graph when a batch has nothing
+    if pred.numel():
+        holds = pair_relation_mask(triplet_subject[valid], triplet_object[valid], pred, scores.shape[1],
+                                   same_pair=mask_same_pair)
+        loss_rel = relation_loss(scores, pred, temperature, holds if mask_same_pair else None)
+        loss_obj = object_pair_loss(scores, pred, temperature, holds)
+    else:
+        loss_rel = loss_obj = zero
+    labelled = object_labels >= 0
+    loss_cls = F.cross_entropy(object_logits[labelled], object_labels[labelled]) if labelled.any() else zero
+    loss = zero
+    for use, term in ((use_loss_rel, loss_rel), (use_loss_obj, loss_obj), (use_object_loss, loss_cls)):
+        if use:
+            loss = loss + term
+    return {"loss": loss, "loss_rel": loss_rel, "loss_obj": loss_obj, "loss_cls": loss_cls}
+
+
+class VGBertRelational(nn.Module):
+    """The stage-2 model (Fig. 2): visual + language streams (stage-1 layout: ``visual.*``,
+    ``language.*``; the stage-1 projection heads are gone) and :class:`RelationalGrounding`."""
+
+    def __init__(self, num_relations: int, num_object_classes: int, text_encoder: str = "minilm",
+                 backbone: str = "vgg16", backbone_weights: str | None = "default", trainable_layers: int = 2,
+                 freeze_query_key: bool = True, dropout: float = 0.1, visual_heads: int = 12, image_size: int = 224,
+                 num_heads: int = 8, relation_dim: int = 32, attention_dropout: float | None = None,
+                 query_pooling: str = "tokens", classifier_hidden: int | None = None,
+                 train_visual_attention: bool = True):
+        super().__init__()
+        from grounding.encoders import load_tokenizer
+        from grounding.vgbert.streams import LanguageStream, VisualStream
+
+        self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
+                                       attention_dropout=attention_dropout)
+        d = self.language.width
+        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size)
+        if not train_visual_attention:
+            self.visual.requires_grad_(False)
+        self.relational = RelationalGrounding(d, num_relations, num_object_classes, num_heads, relation_dim,
+                                              dropout if attention_dropout is None else attention_dropout,
+                                              query_pooling, classifier_hidden)
+        tok = load_tokenizer(text_encoder)
+        self.special_ids = tuple(t for t in (tok.cls_token_id, tok.sep_token_id) if t is not None)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Pixels (B,3,H,W) or cached backbone maps (B,C,h,w) -> visual tokens V (B,h,w,D)."""
+        return self.visual(images=images) if images.shape[1] == 3 else self.visual(features=images)
+
+    def encode_words(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """Token ids (N,T) -> language tokens L (N,T,D) and the mask of word tokens."""
+        from grounding.vgbert.streams import word_mask
+
+        # Descriptions repeat within a batch ("man", "shirt"): encode each distinct one once.
+        uniq, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], 1), dim=0,
+                                     return_inverse=True)
+        t = input_ids.shape[1]
+        words = self.language(uniq[:, :t], uniq[:, t:])[inverse]
+        return words, word_mask(input_ids, attention_mask, self.special_ids)
+
+    def forward(self, batch: dict, return_attention: bool = False) -> dict[str, torch.Tensor]:
+        """A Visual Genome batch (contracts B) -> grounded objects, relation scores, object logits."""
+        visual = self.encode_images(batch["images"])
+        words, mask = self.encode_words(batch["object_input_ids"], batch["object_attention_mask"])
+        return self.relational(visual, words, mask, batch["object_image_index"], batch["triplet_subject"],
+                               batch["triplet_object"], return_attention)
+
+
+__all__ = ["VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
+           "relation_loss", "object_pair_loss", "pair_relation_mask", "relational_losses", "group_slots"]

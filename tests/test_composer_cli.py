@@ -1,0 +1,93 @@
+"""Caption readers and the `python -m grounding.composer` commands on tiny files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from grounding.composer import CaptionFileError, ConceptGraph, backend_available, read_captions
+from grounding.composer.__main__ import main
+
+CAPTIONS = [
+    "A dog runs on the grass .", "Two dogs are running on the grass .", "A brown dog plays with a ball .",
+    "A man sits on a bench .", "A woman sits on a bench near a tree .", "A man and a woman walk in the park .",
+    "A child in a red shirt jumps into a pool .", "A boy swims in a pool .", "Children play in the water .",
+    "A cat sleeps on a bed .", "A black cat looks at a bird .", "A cat sits near a window .",
+]
+
+
+def _token_file(tmp_path, captions=CAPTIONS, per_image=3, prefix="img"):
+    lines = [f"{prefix}{j // per_image}.jpg#{j % per_image}\t{c}" for j, c in enumerate(captions)]
+    path = tmp_path / f"{prefix}.token.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_flickr_karpathy_and_coco_readers_agree(tmp_path):
+    tok = read_captions(_token_file(tmp_path))
+    assert tok.n_images == 4 and len(tok) == 12 and tok.captions_of(1)[0] == "A man sits on a bench ."
+    karpathy = {"dataset": "flickr30k", "images": [
+        {"filename": f"img{i}.jpg", "imgid": i, "split": "train" if i < 3 else "test", "sentids": [],
+         "sentences": [{"raw": c, "tokens": [], "imgid": i, "sentid": 3 * i + k} for k, c in enumerate(CAPTIONS[3 * i:3 * i + 3])]}
+        for i in range(4)]}
+    (tmp_path / "k.json").write_text(json.dumps(karpathy))
+    kp = read_captions(tmp_path / "k.json")
+    assert kp.captions == tok.captions and kp.image_names == tok.image_names
+    assert read_captions(tmp_path / "k.json", splits=["test"]).captions == CAPTIONS[9:]
+    coco = {"images": [{"id": 10 + i, "file_name": f"img{i}.jpg"} for i in range(4)],
+            "annotations": [{"id": j, "image_id": 10 + j // 3, "caption": c} for j, c in enumerate(CAPTIONS)]}
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    cc = read_captions(tmp_path / "c.json")
+    assert cc.captions == tok.captions and cc.image_ids == [10, 11, 12, 13]
+    lst = tmp_path / "list.txt"
+    lst.write_text("img2.jpg\nimg0.jpg\n")
+    sub = read_captions(_token_file(tmp_path), images_list=lst)
+    assert sub.image_names == ["img0.jpg", "img2.jpg"] and sub.rows.tolist() == [0, 1, 2, 6, 7, 8]
+
+
+def test_reader_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no tab here\n")
+    with pytest.raises(CaptionFileError, match="bad.txt:1"):
+        read_captions(bad)
+    (tmp_path / "x.json").write_text("{\"foo\": 1}")
+    with pytest.raises(CaptionFileError, match="Karpathy"):
+        read_captions(tmp_path / "x.json")
+    with pytest.raises(CaptionFileError, match="does not exist"):
+        read_captions(tmp_path / "missing.txt")
+
+
+@pytest.mark.shared_data
+def test_flickr8k_caption_file_reads_completely(shared_data):
+    cs = read_captions(shared_data / "flickr8k" / "Flickr8k.token.txt")
+    assert len(cs) == 40460 and cs.n_images == 8092
+    train = read_captions(shared_data / "flickr8k" / "Flickr8k.token.txt",
+                          images_list=shared_data / "flickr8k" / "Flickr_8k.trainImages.txt")
+    assert train.n_images == 6000 and np.all(np.diff(train.caption_image) >= 0)
+
+
+def test_crg_stats_show_and_mcd_commands(tmp_path, capsys, monkeypatch):
+    ok, why = backend_available("spacy")
+    if not ok:
+        pytest.skip(f"spaCy backend not installed: {why}")
+    train = _token_file(tmp_path, CAPTIONS[:9], prefix="tr")
+    cand = _token_file(tmp_path, CAPTIONS[3:] + ["A dog runs on a bench .", "A man plays with a cat ."] + CAPTIONS[:1], prefix="ca")
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))  # parse cache inside the test folder
+    assert main(["crg", "--captions", str(train), "--out", str(tmp_path / "crg")]) == 0
+    out = capsys.readouterr().out
+    assert "# concepts" in out and "parse failures 0" in out
+    g = ConceptGraph.load(tmp_path / "crg" / "crg.npz")
+    assert g.n_captions == 9 and "a bench" in g.concept_text.tolist()
+    stats = json.loads((tmp_path / "crg" / "stats.json").read_text())
+    assert stats["primitives"] == int(g.concept_is_primitive.sum())
+    assert main(["stats", "--graph", str(tmp_path / "crg" / "crg.npz")]) == 0
+    assert main(["show", "--graph", str(tmp_path / "crg" / "crg.npz"), "--caption", "1"]) == 0
+    assert "[NP] are running on [NP]" in capsys.readouterr().out
+    assert main(["mcd", "--train", str(train), "--candidates", str(cand), "--out", str(tmp_path / "mcd"),
+                 "--k", "2", "--levels", "3", "--random-baselines", "5"]) == 0
+    split = json.loads((tmp_path / "mcd" / "mcd.json").read_text())
+    assert len(split["images"]) == 2 and all(len(im["sentences"]) == 3 for im in split["images"])
+    assert main(["crg", "--captions", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x")]) == 2
+    assert list((tmp_path / "cache" / "composer" / "parses").glob("spacy-*.json.gz"))

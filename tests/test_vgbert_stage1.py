@@ -1,0 +1,269 @@
+"""VG-BERT stage 1: streams, match map (Eq. 1), contrastive loss (Eq. 2), freezing, feature cache."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from grounding import feature_cache as fcache
+from grounding.losses import cross_modal_contrastive_loss
+from grounding.vgbert.match_map import chunked_match_scores, match_map, match_map_scores, pair_loop_scores
+from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
+
+TINY = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
+            trainable_layers=2, image_size=64)
+
+
+# ------------------------------------------------------------------------------ match map (Eq. 1)
+def test_match_map_hand_computed_with_padding():
+    # 1 image with 2 locations, 2 captions; caption 1 has a padded third token that would win the max.
+    v = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])  # (1, N=2, d=2)
+    words = torch.tensor([[[1.0, 1.0], [3.0, 0.0], [0.0, 0.0]],
+                          [[0.0, 1.0], [1.0, 0.0], [9.0, 9.0]]])  # (2, T=3, 2)
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    # caption 0: word (1,1) -> max(1, 2) = 2; word (3,0) -> max(3, 0) = 3; S = 5
+    # caption 1: word (0,1) -> max(0, 2) = 2; word (1,0) -> max(1, 0) = 1; S = 3 (padding 9+9 ignored)
+    s = match_map_scores(v, words, mask, "sum")
+    assert torch.allclose(s, torch.tensor([[5.0, 3.0]]))
+    assert torch.allclose(match_map_scores(v, words, mask, "mean"), torch.tensor([[2.5, 1.5]]))
+    # The paired 3D match map M_ijk of image 0 and caption 0, laid out as (h=1, w=2).
+    m = match_map(v.reshape(1, 1, 2, 2), words[:1])
+    assert torch.allclose(m[0, 0], torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]]))
+
+
+def test_word_mask_excludes_padding_and_special_tokens():
+    ids = torch.tensor([[101, 7, 8, 102, 0]])
+    att = torch.tensor([[1, 1, 1, 1, 0]])
+    assert word_mask(ids, att).tolist() == [[True, True, True, True, False]]
+    assert word_mask(ids, att, (101, 102)).tolist() == [[False, True, True, False, False]]
+
+
+def test_chunked_scores_equal_unchunked_and_pair_loop():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(7, 5, 8, generator=g)
+    w = torch.randn(11, 6, 8, generator=g)
+    mask = torch.rand(11, 6, generator=g) > 0.3
+    mask[:, 0] = True
+    full = match_map_scores(v, w, mask)
+    assert torch.allclose(full, pair_loop_scores(v, w, mask), atol=1e-5)
+    assert torch.allclose(full, chunked_match_scores(v, w, mask, image_chunk=3, text_chunk=4), atol=1e-5)
+    # Training-time chunking (checkpointed) gives the same values and the same gradients.
+    v1, w1 = v.clone().requires_grad_(), w.clone().requires_grad_()
+    v2, w2 = v.clone().requires_grad_(), w.clone().requires_grad_()
+    s1 = match_map_scores(v1, w1, mask)
+    s2 = match_map_scores(v2, w2, mask, max_elements=2 * 11 * 5 * 6)  # 2 images per chunk
+    assert torch.allclose(s1, s2, atol=1e-5)
+    (s1 * torch.arange(77.0).reshape(7, 11)).sum().backward()
+    (s2 * torch.arange(77.0).reshape(7, 11)).sum().backward()
+    assert torch.allclose(v1.grad, v2.grad, atol=1e-4) and torch.allclose(w1.grad, w2.grad, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ loss (Eq. 2)
+def test_contrastive_loss_hand_computed_2x2():
+    s = torch.tensor([[1.0, 0.0], [0.5, 2.0]])
+    tau = 0.5
+    out = cross_modal_contrastive_loss(s, tau)
+    e = math.exp
+    # Loss_l: rows (image anchors); Loss_v: columns (caption anchors)
+    loss_l = -0.5 * (math.log(e(2) / (e(2) + e(0))) + math.log(e(4) / (e(1) + e(4))))
+    loss_v = -0.5 * (math.log(e(2) / (e(2) + e(1))) + math.log(e(4) / (e(0) + e(4))))
+    assert out["loss_l"].item() == pytest.approx(loss_l, rel=1e-6)
+    assert out["loss_v"].item() == pytest.approx(loss_v, rel=1e-6)
+    assert out["loss"].item() == pytest.approx(loss_l + loss_v, rel=1e-6)
+    assert cross_modal_contrastive_loss(s, tau, use_loss_v=False)["loss"].item() == pytest.approx(loss_l, rel=1e-6)
+    assert cross_modal_contrastive_loss(s, tau, use_loss_l=False)["loss"].item() == pytest.approx(loss_v, rel=1e-6)
+    assert cross_modal_contrastive_loss(s, tau, combine="mean")["loss"].item() == pytest.approx((loss_l + loss_v) / 2)
+    with pytest.raises(ValueError, match="At least one"):
+        cross_modal_contrastive_loss(s, tau, use_loss_l=False, use_loss_v=False)
+
+
+# ------------------------------------------------------------------------------ streams
+def test_language_stream_freezes_all_but_top_k_and_query_key():
+    stream = LanguageStream("tiny-random", trainable_layers=1, freeze_query_key=True)
+    trainable = {n for n, p in stream.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("bert.encoder.layer.1.") for n in trainable)
+    assert not any(".query." in n or ".key." in n for n in trainable)
+    assert "bert.encoder.layer.1.attention.self.value.weight" in trainable
+    qk = LanguageStream("tiny-random", trainable_layers=2, freeze_query_key=False)
+    names = {n for n, p in qk.named_parameters() if p.requires_grad}
+    assert "bert.encoder.layer.0.attention.self.query.weight" in names
+    assert not any(n.startswith("bert.embeddings") for n in names)
+    assert not any(p.requires_grad for p in LanguageStream("tiny-random", trainable_layers=0).parameters())
+    with pytest.warns(UserWarning, match="exceeds"):
+        assert LanguageStream("tiny-random", trainable_layers=8).trainable_layers == 2
+
+
+def test_visual_stream_images_and_features_and_heads_error():
+    torch.manual_seed(0)
+    vs = VisualStream(32, "tiny_cnn", None, num_heads=4, image_size=64).eval()
+    assert not any(p.requires_grad for p in vs.backbone.parameters())
+    images = torch.randn(2, 3, 64, 64)
+    from_images = vs(images=images)
+    assert from_images.shape == (2, 4, 4, 32)
+    assert torch.allclose(vs(features=vs.backbone_features(images)), from_images, atol=1e-6)
+    assert vs(features=torch.randn(1, 64, 6, 5)).shape == (1, 6, 5, 32)  # positional encoding interpolated
+    with pytest.raises(ValueError, match="does not divide"):
+        VisualStream(32, "tiny_cnn", None, num_heads=12)
+    with pytest.raises(ValueError, match="expects feature maps"):
+        vs(features=torch.randn(1, 512, 4, 4))
+
+
+# ------------------------------------------------------------------------------ LightningModules
+def _train_batch(b=4, t=7):
+    ids = torch.randint(1000, 2000, (b, t))
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"images": torch.randn(b, 3, 64, 64), "input_ids": ids, "attention_mask": torch.ones(b, t, dtype=torch.long),
+            "image_index": torch.arange(b), "captions": ["x"] * b}
+
+
+def _eval_batch():
+    ids = torch.randint(1000, 2000, (7, 6))
+    return {"images": torch.randn(3, 3, 64, 64), "image_index": torch.tensor([2, 0, 1]), "input_ids": ids,
+            "attention_mask": torch.ones(7, 6, dtype=torch.long), "caption_image_index": torch.tensor([2, 2, 0, 0, 0, 1, 1])}
+
+
+@pytest.mark.parametrize("cls_name", ["GroundingPretrain", "DualEncoderBaseline"])
+def test_modules_train_and_evaluate_on_synthetic_batches(cls_name):
+    import grounding.vgbert as vgbert
+
+    torch.manual_seed(0)
+    module = getattr(vgbert, cls_name)(**TINY)
+    assert module.monitor == "val/rsum" and module.monitor_mode == "max"
+    assert module.hparams.text_encoder == "tiny-random"
+    logged = {}
+    module.log = lambda k, v, **kw: logged.__setitem__(k, float(torch.as_tensor(v).detach()))
+    loss = module.training_step(_train_batch(), 0)
+    loss.backward()
+    assert torch.isfinite(loss) and {"train/loss", "train/loss_l", "train/loss_v"} <= set(logged)
+    assert module.model.visual.embedder.weight.grad is not None
+    assert module.model.language.bert.encoder.layer[1].attention.self.value.weight.grad is not None
+    module.eval()
+    with torch.no_grad():
+        module.validation_step(_eval_batch(), 0)
+    module.on_validation_epoch_end()
+    assert 0 <= logged["val/rsum"] <= 600 and logged["val/i2t_medr"] >= 1
+
+
+def test_pretrain_rejects_bad_configuration():
+    from grounding.vgbert import GroundingPretrain
+
+    with pytest.raises(ValueError, match="word_reduction"):
+        GroundingPretrain(**TINY, word_reduction="max")
+    with pytest.raises(ValueError, match="enable at least one"):
+        GroundingPretrain(**TINY, use_loss_l=False, use_loss_v=False)
+    with pytest.raises(ValueError, match="loss_terms"):
+        GroundingPretrain(**TINY, loss_terms="lv")
+    only_v = GroundingPretrain(**TINY, loss_terms="v")
+    assert (only_v.hparams.use_loss_l, only_v.hparams.use_loss_v) == (False, True)
+
+
+def test_sweep_grid_expands_to_cli_overrides():
+    from grounding.sweep import build_command, expand_grid
+
+    sweep = {"program": "grounding", "method": "grid",
+             "parameters": {"model.init_args.trainable_layers": {"values": [4, 8]},
+                            "model.init_args.freeze_query_key": {"values": [True, False]},
+                            "model.init_args.dropout": {"value": 0.3}},
+             "command": ["${env}", "${interpreter}", "-m", "grounding", "fit", "--config", "a.yaml", "${args}"]}
+    grid = expand_grid(sweep)
+    assert len(grid) == 4
+    cmd = build_command(sweep, grid[1], config="b.yaml", extra=["trainer.max_epochs=1"])
+    assert cmd[1:7] == ["-m", "grounding", "fit", "--config", "b.yaml", "--model.init_args.trainable_layers=4"]
+    assert "--model.init_args.freeze_query_key=false" in cmd and cmd[-1] == "--trainer.max_epochs=1"
+    with pytest.raises(ValueError, match="grid"):
+        expand_grid({**sweep, "method": "bayes"})
+
+
+# ------------------------------------------------------------------------------ feature cache
+class _Images:
+    def __init__(self, tmp_path, n=5):
+        self.image_paths = []
+        for i in range(n):
+            p = tmp_path / f"img{i}.bin"
+            p.write_bytes(bytes([i]))
+            self.image_paths.append(p)
+        self.transform = "deterministic"
+
+    def load_image(self, index):
+        g = torch.Generator().manual_seed(int(index))
+        return torch.randn(3, 32, 32, generator=g)
+
+
+class _FailingBackbone(torch.nn.Module):
+    name = "failing"
+
+    def __init__(self, inner, fail_after):
+        super().__init__()
+        self.inner, self.calls, self.fail_after = inner, 0, fail_after
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("simulated crash mid-write")
+        return self.inner(x)
+
+
+def test_feature_cache_atomic_and_reused(tmp_path):
+    from grounding.encoders import load_visual_backbone
+
+    torch.manual_seed(0)
+    backbone = load_visual_backbone("tiny_cnn", weights=None)
+    ds = _Images(tmp_path)
+    root = tmp_path / "cache"
+    failing = _FailingBackbone(backbone, fail_after=1)
+    with pytest.raises(RuntimeError, match="simulated"):
+        fcache.build_or_load(failing, ds, root, batch_size=2)
+    assert not any(root.glob("failing-*")), "a crashed build must leave no cache folder"
+    assert not any(p.name.startswith(".") and "tmp" in p.name for p in root.iterdir())
+    with pytest.raises(FileNotFoundError):
+        fcache.build_or_load(failing, ds, root, batch_size=2, build=False)
+
+    loader = fcache.build_or_load(backbone, ds, root, batch_size=2)
+    expected = backbone(torch.stack([ds.load_image(i) for i in range(5)]))
+    assert loader.array.dtype == np.float16 and loader.array.shape == tuple(expected.shape)
+    assert torch.allclose(loader(3).float(), expected[3], atol=1e-2, rtol=1e-2)
+    assert torch.allclose(loader.lookup(torch.tensor([4, 0])).float(), expected[[4, 0]], atol=1e-2, rtol=1e-2)
+    mtime = (loader.path / "features.npy").stat().st_mtime_ns
+    # Reuse: same backbone/images -> same folder, not rewritten; attaching swaps pixels for features.
+    fcache.attach(ds, loader)
+    again = fcache.build_or_load(backbone, ds, root, batch_size=2)
+    assert again.path == loader.path and (again.path / "features.npy").stat().st_mtime_ns == mtime
+    assert ds.load_image(1).shape == expected.shape[1:]
+    fcache.detach(ds)
+    assert ds.load_image(1).shape == (3, 32, 32)
+    # Other weights -> another key.
+    other = load_visual_backbone("tiny_cnn", weights=None)
+    assert fcache.build_or_load(other, ds, root, batch_size=2).path != loader.path
+    # A folder with inconsistent metadata is refused with a clear error.
+    (loader.path / "meta.json").write_text('{"complete": true, "shape": [1]}')
+    with pytest.raises(ValueError, match="inconsistent"):
+        fcache.open_cache(loader.path)
+
+
+# ------------------------------------------------------------------------------ end to end
+def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch):
+    import lightning as L
+
+    from data_modules import CocoCaptionsDataModule
+    from grounding.vgbert import GroundingPretrain
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    L.seed_everything(0)
+    dm = CocoCaptionsDataModule(root=str(tiny_world / "coco"), text_encoder="tiny-random", batch_size=8,
+                                image_size=64, resize_size=64)
+    module = GroundingPretrain(**TINY)
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(module, dm)
+    metrics = trainer.callback_metrics
+    assert 0 <= float(metrics["val/rsum"]) <= 600 and float(metrics["val/t2i_medr"]) >= 1
+    caches = sorted((tmp_path / "cache" / "features").iterdir())
+    distinct_image_lists = {tuple(ds.image_paths) for ds in dm.datasets.values()}  # equal lists share a cache
+    assert len(caches) == len(distinct_image_lists) and all((c / "meta.json").is_file() for c in caches)
+    # Batches now carry the cached (C, h, w) maps of the frozen tiny CNN instead of pixels.
+    assert dm.datasets["train"].load_image(0).shape == (64, 4, 4)
+    reloaded = GroundingPretrain.load_from_checkpoint(trainer.checkpoint_callback.last_model_path)
+    assert reloaded.hparams.text_encoder == "tiny-random"

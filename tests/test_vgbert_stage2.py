@@ -1,0 +1,285 @@
+"""VG-BERT stage 2 (relational grounding, §3.2 / App. A.3): maths on hand-checked cases + a tiny run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grounding.vgbert.relational import (BilinearRelation, CrossModalAttention, ObjectClassifier, bilinear_scores,
+                                         group_slots, object_pair_loss, pair_relation_mask, relation_loss,
+                                         relational_losses)
+
+
+# ------------------------------------------------------------------------------ bilinear relations
+def test_bilinear_score_hand_checked():
+    rel = BilinearRelation(width=4, num_relations=2, dim=2)
+    with torch.no_grad():
+        rel.relation_weight.copy_(torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[0.0, 3.0], [0.0, 0.0]]]))
+    r_s, r_o = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 1.0]])
+    # R_0 = diag(1, 2)/sqrt(5): r_s R_0 r_o^T = (1*1*3 + 2*2*1)/sqrt(5); R_1 = [[0,1],[0,0]]: 1*1*1 = 1.
+    s = rel(r_s, r_o)
+    assert torch.allclose(s, torch.tensor([[7 / math.sqrt(5), 1.0]]))
+    assert torch.allclose(bilinear_scores(r_s, r_o, rel.relation_operator), s)
+
+
+def test_relation_operator_frobenius_normalised_and_scale_free():
+    rel = BilinearRelation(width=8, num_relations=5, dim=32)
+    norms = torch.linalg.matrix_norm(rel.relation_operator, ord="fro")
+    assert torch.allclose(norms, torch.ones(5), atol=1e-6)
+    before = rel.relation_operator.detach().clone()
+    with torch.no_grad():
+        rel.relation_weight.mul_(torch.arange(1.0, 6.0).view(5, 1, 1))
+    assert torch.allclose(rel.relation_operator, before, atol=1e-6)
+    # Gradients flow to the raw weight through the normalisation.
+    rel(torch.randn(3, 32), torch.randn(3, 32)).sum().backward()
+    assert rel.relation_weight.grad is not None and rel.relation_weight.grad.abs().sum() > 0
+
+
+def test_object_classifier_two_fc_layers():
+    head = ObjectClassifier(16, 55)
+    assert [type(m).__name__ for m in head] == ["Linear", "ReLU", "Linear"]
+    assert head(torch.randn(7, 16)).shape == (7, 55)
+
+
+# ------------------------------------------------------------------------------ losses
+def test_relation_loss_hand_computed():
+    scores = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0]])
+    pred = torch.tensor([0, 2])
+    expected = (-math.log(math.e / (math.e + math.e ** 2 + 1)) - math.log(math.e ** 3 / (math.e ** 0.5 + 1 + math.e ** 3))) / 2
+    assert relation_loss(scores, pred, 1.0).item() == pytest.approx(expected, rel=1e-6)
+    # Temperature divides the scores.
+    assert relation_loss(scores, pred, 0.5).item() == pytest.approx(F.cross_entropy(scores / 0.5, pred).item(), rel=1e-6)
+    # A pair also annotated with relation 1 does not count relation 1 as a negative.
+    holds = torch.tensor([[True, True, False], [False, False, True]])
+    expected_masked = (-math.log(math.e / (math.e + 1)) - math.log(math.e ** 3 / (math.e ** 0.5 + 1 + math.e ** 3))) / 2
+    assert relation_loss(scores, pred, 1.0, holds).item() == pytest.approx(expected_masked, rel=1e-6)
+
+
+def test_object_pair_loss_hand_computed():
+    # Triplets 0 and 1 share predicate 0; triplet 2 has predicate 1. S[m, p] = score of pair m under R_p.
+    S = torch.tensor([[1.0, 0.2], [0.5, -1.0], [2.0, 0.7]])
+    pred = torch.tensor([0, 0, 1])
+    e = math.exp
+    a0 = -math.log(e(1.0) / (e(1.0) + e(2.0)))  # pair 1 holds relation 0 too: not a negative of pair 0
+    a1 = -math.log(e(0.5) / (e(0.5) + e(2.0)))
+    a2 = -math.log(e(0.7) / (e(0.2) + e(-1.0) + e(0.7)))  # pairs 0 and 1 are in a different relation
+    assert object_pair_loss(S, pred, 1.0).item() == pytest.approx((a0 + a1 + a2) / 3, rel=1e-6)
+
+
+def _object_pair_loss_loop(S, pred, subject, object, tau):
+    """Reference: Eq. 5 written triplet by triplet (negatives: pairs not holding the anchor's relation)."""
+    n = len(pred)
+    total = 0.0
+    for i in range(n):
+        holds = [any(subject[j] == subject[k] and object[j] == object[k] and pred[k] == pred[i] for k in range(n))
+                 for j in range(n)]
+        den = sum(math.exp(S[j, pred[i]] / tau) for j in range(n) if j == i or not holds[j])
+        total += -math.log(math.exp(S[i, pred[i]] / tau) / den)
+    return total / n
+
+
+def test_object_pair_loss_matches_loop_reference_with_shared_pairs():
+    g = torch.Generator().manual_seed(0)
+    n, p = 12, 4
+    S = torch.randn(n, p, generator=g, dtype=torch.float64)
+    pred = torch.randint(0, p, (n,), generator=g)
+    subject = torch.randint(0, 3, (n,), generator=g)
+    object = torch.randint(3, 5, (n,), generator=g)  # few objects: pairs repeat with other predicates
+    holds = pair_relation_mask(subject, object, pred, p)
+    got = object_pair_loss(S, pred, 0.7, holds).item()
+    ref = _object_pair_loss_loop(S, pred.tolist(), subject.tolist(), object.tolist(), 0.7)
+    assert got == pytest.approx(ref, rel=1e-9)
+
+
+def test_pair_relation_mask():
+    subject, object = torch.tensor([0, 0, 2, 0]), torch.tensor([1, 1, 3, 3])
+    pred = torch.tensor([0, 2, 0, 1])
+    holds = pair_relation_mask(subject, object, pred, 3)
+    assert holds.tolist() == [[True, False, True], [True, False, True], [True, False, False], [False, True, False]]
+    own = pair_relation_mask(subject, object, pred, 3, same_pair=False)
+    assert own.tolist() == F.one_hot(pred, 3).bool().tolist()
+
+
+def test_relational_losses_switches_and_ignore_labels():
+    scores = torch.randn(4, 3, requires_grad=True)
+    logits = torch.randn(5, 6, requires_grad=True)
+    subj, obj = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 4])
+    pred = torch.tensor([0, 1, -1, 2])
+    labels = torch.tensor([1, -1, 2, 3, 0])
+    out = relational_losses(scores, logits, subj, obj, pred, labels)
+    keep = pred >= 0
+    assert out["loss_rel"].item() == pytest.approx(F.cross_entropy(scores[keep], pred[keep]).item(), rel=1e-6)
+    assert out["loss_cls"].item() == pytest.approx(F.cross_entropy(logits[labels >= 0], labels[labels >= 0]).item(), rel=1e-6)
+    assert out["loss"].item() == pytest.approx((out["loss_rel"] + out["loss_obj"] + out["loss_cls"]).item(), rel=1e-6)
+    no_rel = relational_losses(scores, logits, subj, obj, pred, labels, use_loss_rel=False)
+    assert no_rel["loss"].item() == pytest.approx((out["loss_obj"] + out["loss_cls"]).item(), rel=1e-6)
+    no_aux = relational_losses(scores, logits, subj, obj, pred, labels, use_object_loss=False)
+    no_aux["loss"].backward()
+    assert logits.grad is None or logits.grad.abs().sum() == 0  # the classifier gets no signal (Table 5 row 2)
+    empty = relational_losses(scores, logits, subj, obj, torch.full((4,), -1), torch.full((5,), -1))
+    assert empty["loss"].item() == 0.0 and empty["loss"].requires_grad
+
+
+# ------------------------------------------------------------------------------ cross-modal attention
+def test_group_slots():
+    slot, m = group_slots(torch.tensor([2, 0, 2, 1, 2, 0]), 3)
+    assert slot.tolist() == [0, 0, 1, 0, 2, 1] and m == 3
+
+
+def _mha_reference(att: CrossModalAttention, visual, words, mask, idx):
+    """torch.nn.MultiheadAttention with the same projections and an identity output map (Eq. 3: concat)."""
+    d = att.width
+    mha = torch.nn.MultiheadAttention(d, att.num_heads, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([att.query.weight, att.key.weight, att.value.weight]))
+        mha.in_proj_bias.copy_(torch.cat([att.query.bias, att.key.bias, att.value.bias]))
+        mha.out_proj.weight.copy_(torch.eye(d))
+        mha.out_proj.bias.zero_()
+    flat = visual.flatten(1, 2)
+    out = []
+    for n in range(len(idx)):  # reference only: a loop over objects
+        o, w = mha(words[n:n + 1], flat[idx[n]][None], flat[idx[n]][None])
+        out.append(o[0][mask[n]].mean(0))
+    return torch.stack(out)
+
+
+def test_cross_attention_matches_multihead_reference_and_masks():
+    torch.manual_seed(0)
+    att = CrossModalAttention(32, num_heads=8).eval()
+    visual = torch.randn(3, 4, 5, 32)
+    words = torch.randn(6, 7, 32)
+    mask = torch.ones(6, 7, dtype=torch.bool)
+    mask[:, 0] = False  # [CLS]
+    mask[[0, 1, 2], 4:] = False
+    mask[[3, 4, 5], 6:] = False
+    idx = torch.tensor([0, 2, 0, 1, 2, 2])
+    out = att(visual, words, mask, idx)
+    assert out["grounded"].shape == (6, 32) and out["tokens"].shape == (6, 7, 32)
+    assert torch.allclose(out["grounded"], _mha_reference(att, visual, words, mask, idx), atol=1e-5)
+    # The explicit-attention path gives the same result plus a normalised attention map over 20 locations.
+    full = att(visual, words, mask, idx, return_attention=True)
+    assert torch.allclose(full["grounded"], out["grounded"], atol=1e-5)
+    assert full["attention"].shape == (6, 20) and torch.allclose(full["attention"].sum(-1), torch.ones(6), atol=1e-5)
+    # Masked tokens and other images do not matter.
+    words2 = words.clone()
+    words2[~mask] = 100.0
+    visual2 = visual.clone()
+    visual2[1] = -visual2[1]  # only object 3 lives in image 1
+    out2 = att(visual2, words2, mask, idx)
+    same = idx != 1
+    assert torch.allclose(out2["grounded"][same], out["grounded"][same], atol=1e-5)
+    assert not torch.allclose(out2["grounded"][~same], out["grounded"][~same], atol=1e-3)
+    # Mean pooling: one query per object.
+    mean = CrossModalAttention(32, 8, query_pooling="mean").eval()
+    assert mean(visual, words, mask, idx)["grounded"].shape == (6, 32)
+    with pytest.raises(ValueError, match="num_heads"):
+        CrossModalAttention(30, 8)
+
+
+# ------------------------------------------------------------------------------ LightningModule
+def _tiny_module(**kw):
+    from grounding.vgbert.finetune import RelationalFinetune
+
+    args = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
+                image_size=64, feature_cache=False)
+    args.update(kw)
+    return RelationalFinetune(**args)
+
+
+def _vg_datamodule(world, batch_size=8):
+    from data_modules import VisualGenomeDataModule
+
+    return VisualGenomeDataModule(root=str(world / "visual_genome"), text_encoder="tiny-random", image_size=64,
+                                  resize_size=64, batch_size=batch_size)
+
+
+def _trainer(tmp_path, **kw):
+    import lightning as L
+
+    args = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                accelerator="cpu", default_root_dir=str(tmp_path), enable_model_summary=False)
+    args.update(kw)
+    return L.Trainer(**args)
+
+
+def test_finetune_fit_test_and_metrics(tiny_world, tmp_path):
+    torch.manual_seed(0)
+    dm = _vg_datamodule(tiny_world)
+    model = _tiny_module()
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2, limit_test_batches=2)
+    trainer.fit(model, dm)
+    assert model.hparams.relation_labels == dm.relation_labels and len(model.hparams.object_classes) > 1
+    res = trainer.test(model, dm, verbose=False)[0]
+    for key in ("test/relation_top1", "test/relation_top10", "test/object_top1", "test/loss"):
+        assert key in res and 0.0 <= res[key] <= (1.0 if "top" in key else 1e9)
+    assert RelationalFinetune_monitor() == ("val/relation_top1", "max")
+    # Only the top layers, the visual attention and the new modules train; the CNN stays frozen.
+    assert not any(p.requires_grad for p in model.model.visual.backbone.parameters())
+    assert all(p.requires_grad for p in model.model.relational.parameters())
+    preds = model.predict_step(next(iter(dm.test_dataloader())), 0)
+    assert preds["triplets"] and len(preds["triplets"][0]["predicted"]) == min(5, len(dm.relation_labels))
+
+
+def RelationalFinetune_monitor():
+    from grounding.vgbert.finetune import RelationalFinetune
+
+    return RelationalFinetune.monitor, RelationalFinetune.monitor_mode
+
+
+def test_init_from_stage1_checkpoint(tmp_path):
+    from grounding.vgbert.finetune import CheckpointError
+    from grounding.vgbert.pretrain import GroundingPretrain
+
+    torch.manual_seed(1)
+    stage1 = GroundingPretrain(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
+                               image_size=64, feature_cache=False)
+    path = tmp_path / "stage1.ckpt"
+    torch.save({"state_dict": stage1.state_dict(), "hyper_parameters": dict(stage1.hparams)}, path)
+    model = _tiny_module(init_from=str(path), relation_labels=["on", "near"], object_classes=["a", "b", "c"])
+    model.load_stage1(path)
+    for name in ("visual", "language"):
+        mine = getattr(model.model, name).state_dict()
+        theirs = getattr(stage1.model, name).state_dict()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert not hasattr(model.model, "visual_head")  # stage-1 projection heads are not carried over
+    # Missing stream weights: a clear error naming the checkpoint and the missing keys.
+    state = {k: v for k, v in stage1.state_dict().items() if not k.startswith("model.visual.attention")}
+    bad = tmp_path / "bad.ckpt"
+    torch.save({"state_dict": state, "hyper_parameters": {}}, bad)
+    with pytest.raises(CheckpointError, match="bad.ckpt lacks .* 'visual'"):
+        model.load_stage1(bad)
+    wrong = {**dict(stage1.hparams), "backbone": "vgg16"}
+    torch.save({"state_dict": stage1.state_dict(), "hyper_parameters": wrong}, bad)
+    with pytest.raises(CheckpointError, match="backbone"):
+        model.load_stage1(bad)
+    with pytest.raises(CheckpointError, match="not found"):
+        model.load_stage1(tmp_path / "nope.ckpt")
+
+
+def test_table5_switches_validated():
+    with pytest.raises(ValueError, match="enable at least one"):
+        _tiny_module(use_loss_rel=False, use_loss_obj=False, use_object_loss=False)
+
+
+def test_encode_words_deduplicates_exactly():
+    from grounding.vgbert.relational import VGBertRelational
+
+    torch.manual_seed(0)
+    m = VGBertRelational(2, 3, text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                         visual_heads=2, image_size=64).eval()
+    ids = torch.tensor([[101, 2158, 102, 0], [101, 3797, 2829, 102], [101, 2158, 102, 0]])
+    mask = (ids != 0).long()
+    words, wmask = m.encode_words(ids, mask)
+    direct = m.language(ids, mask)
+    assert torch.allclose(words, direct, atol=1e-5)
+    assert wmask.tolist() == [[False, True, False, False], [False, True, True, False], [False, True, False, False]]
+
+
+def test_drop_loss_selects_a_table5_row():
+    m = _tiny_module(drop_loss="aux", relation_labels=["on", "near"], object_classes=["a", "b"])
+    assert (m.hparams.use_loss_rel, m.hparams.use_loss_obj, m.hparams.use_object_loss) == (True, True, False)
+    with pytest.raises(ValueError, match="drop_loss"):
+        _tiny_module(drop_loss="everything")
