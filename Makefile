@@ -22,7 +22,21 @@ WORLD_SIZE ?= 128
 SEED ?= 0
 CLI := $(PY) -m grounding
 
-.PHONY: help install test demo bench world clean crg mcd
+.PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline
+
+# VG-BERT chain: stage1 -> stage2 -> stage3 (search heads). Tiny configs on the embedded world by
+# default; e.g. `make stage1 STAGE1_CONFIG=experiments/vgbert/stage1_paper.yaml STAGE1_OUT=outputs/vgbert/stage1_paper`.
+STAGE1_CONFIG ?= experiments/vgbert/stage1_tiny.yaml
+STAGE1_OUT ?= outputs/vgbert/stage1_tiny
+STAGE2_CONFIG ?= experiments/vgbert/stage2_tiny.yaml
+STAGE2_OUT ?= outputs/vgbert/stage2_tiny
+STAGE3_CONFIG ?= experiments/vgbert/search_tiny.yaml
+STAGE3_OUT ?= outputs/vgbert/search_tiny
+BASELINE_CONFIG ?= experiments/vgbert/baseline_tiny.yaml
+BASELINE_OUT ?= outputs/vgbert/baseline_tiny
+SEARCH_IMAGES ?= $(WORLD)/images
+SEARCH_QUERY_IMAGE ?= $(WORLD)/images/world_000001.jpg
+SEARCH_QUERY_TEXT ?= a red ball
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | sort
@@ -57,6 +71,24 @@ demo: install world  ## generate the world and run every stage on it at tiny sca
 
 bench: install  ## benchmarks: ratios measured side by side in one run
 	@echo "bench: done"
+
+stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
+	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT)
+	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/last.ckpt
+
+baseline: install  ## CLIP-style dual-encoder baseline on the same data, then test retrieval
+	$(CLI) fit --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT)
+	$(CLI) test --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) --ckpt_path $(BASELINE_OUT)/checkpoints/last.ckpt
+
+stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy
+	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt
+	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/last.ckpt
+
+stage3: install  ## VG-BERT multimodal search heads from the stage-2 checkpoint, then a Fig. 7 search grid
+	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/last.ckpt
+	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt
+	$(PY) -m grounding.search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
+	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png
 
 crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND))

@@ -265,5 +265,5 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
     assert len(caches) == len(distinct_image_lists) and all((c / "meta.json").is_file() for c in caches)
     # Batches now carry the cached (C, h, w) maps of the frozen tiny CNN instead of pixels.
     assert dm.datasets["train"].load_image(0).shape == (64, 4, 4)
-    reloaded = GroundingPretrain.load_from_checkpoint(trainer.checkpoint_callback.last_model_path)
+    reloaded = GroundingPretrain.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert reloaded.hparams.text_encoder == "tiny-random"

@@ -1,0 +1,83 @@
+"""SemCLIP timings, side by side from one run (2-core CPU numbers go in the README).
+
+  python benchmarks/bench_semclip.py [--lists data/semclip/similarity_lists_wordnet.npz] [--steps 5]
+
+1. Wu–Palmer: NLTK's ``Synset.wup_similarity`` vs the cached WordNetNounGraph (same numbers).
+2. STE step on the full noun vocabulary (batch 800, encoding 300): sparse embedding + SparseAdam
+   vs a dense embedding with one Adam (the paper's plain setup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+
+def bench_wup(n_pairs: int = 300):
+    from grounding.semclip.similarity_lists import WordNetNounGraph
+
+    t = time.perf_counter()
+    graph = WordNetNounGraph()
+    build = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    pairs = [(int(i), int(j)) for i, j in rng.integers(0, len(graph.synsets), (n_pairs, 2))]
+    t = time.perf_counter()
+    ref = [graph.synsets[i].wup_similarity(graph.synsets[j]) for i, j in pairs]
+    t_nltk = time.perf_counter() - t
+    t = time.perf_counter()
+    ours = [graph.wup(i, j) for i, j in pairs]
+    t_ours = time.perf_counter() - t
+    assert np.allclose(ref, ours)
+    print(f"graph build {build:.1f}s | wup per pair: nltk {1e6 * t_nltk / n_pairs:.0f} us, graph {1e6 * t_ours / n_pairs:.0f} us "
+          f"(x{t_nltk / max(t_ours, 1e-9):.1f})")
+
+
+def bench_ste(lists_path: str, steps: int):
+    from data_modules.similarity_lists import SimilarityListCollator
+    from grounding.semclip.similarity_lists import SimilarityLists
+    from grounding.semclip.ste import SemanticTextEmbedding
+
+    lists = SimilarityLists.load(lists_path)
+    collate = SimilarityListCollator(lists)
+    rows = np.flatnonzero(np.diff(lists.indptr) > 0)
+    batches = [collate(np.random.default_rng(s).choice(rows, 800, replace=False).tolist()) for s in range(steps + 1)]
+    print(f"vocabulary {len(lists.vocab)}, {len(rows)} anchors -> {int(np.ceil(len(rows) / 800))} steps an epoch; "
+          f"mean candidates a step {np.mean([len(b['candidates']) for b in batches]):.0f}")
+    results = {}
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        m = SemanticTextEmbedding(vocab_size=len(lists.vocab), encoding_size=300, sparse=sparse)
+        enc = m.model
+        if sparse:
+            opts = [torch.optim.SparseAdam(list(enc.embedding.parameters()), lr=1e-2),
+                    torch.optim.Adam(list(enc.encoder.parameters()) + list(enc.projection.parameters()), lr=1e-3)]
+        else:
+            opts = [torch.optim.Adam(enc.parameters(), lr=1e-3)]
+        times = []
+        for b in batches:
+            t = time.perf_counter()
+            for o in opts:
+                o.zero_grad()
+            m.batch_loss(b).backward()
+            for o in opts:
+                o.step()
+            times.append(time.perf_counter() - t)
+        results[sparse] = float(np.median(times[1:]))  # first step warms allocators / Adam state
+        print(f"{'sparse + SparseAdam' if sparse else 'dense Adam          '}: {results[sparse]:.2f} s/step, "
+              f"{results[sparse] * np.ceil(len(rows) / 800) / 60:.1f} min/epoch")
+    print(f"dense / sparse step time: x{results[False] / results[True]:.2f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--lists", default="data/semclip/similarity_lists_wordnet.npz")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--skip-wup", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    if not a.skip_wup:
+        bench_wup()
+    bench_ste(a.lists, a.steps)

@@ -1,0 +1,152 @@
+"""WordNet similarity lists (SemCLIP §3) as a LightningDataModule for training the STE.
+
+It builds (or loads) the similarity-lists dataset file, exposes the vocabulary of lemma keys, and
+serves batches of anchors with their list members and scores (Eq. 3's label vectors):
+
+``{"anchors": long (B,) vocabulary ids, "candidates": long (C,) the unique vocabulary ids encoded
+this step (anchors, their list members, sampled negatives), "targets": float (B, C) Y_i restricted
+to the candidates, "anchor_position": long (B,) column of each anchor in the candidates}``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+from grounding.paths import REPO_ROOT, cache_dir
+from grounding.semclip.similarity_lists import (SimilarityListConfig, SimilarityLists, build_similarity_lists,
+                                                config_key, read_curated_lists, subtree_synsets)
+from grounding.utils.io import sha1_of_json
+
+
+class _Rows(Dataset):
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return int(self.rows[i])
+
+
+class SimilarityListCollator:
+    """Turns a list of anchor rows into one contrastive batch (vectorised CSR gathering)."""
+
+    def __init__(self, lists: SimilarityLists, num_negatives: int = 0, seed: int = 0):
+        self.indptr = torch.from_numpy(lists.indptr)
+        self.indices = torch.from_numpy(lists.indices)
+        self.scores = torch.from_numpy(lists.scores)
+        self.anchors = torch.from_numpy(lists.anchors)
+        self.vocab_size = len(lists.vocab)
+        self.num_negatives = num_negatives
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        anchors = self.anchors[rows]
+        starts, ends = self.indptr[rows], self.indptr[rows + 1]
+        lens = ends - starts
+        owner = torch.repeat_interleave(torch.arange(len(rows)), lens)
+        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+        flat = torch.repeat_interleave(starts, lens) + offsets
+        members, weights = self.indices[flat], self.scores[flat]
+        pool = [anchors, members]
+        if self.num_negatives:  # Eq. 3's denominator ideally spans V: add uniform vocabulary samples
+            pool.append(torch.randint(self.vocab_size, (self.num_negatives,), generator=self.generator))
+        candidates, inverse = torch.unique(torch.cat(pool), return_inverse=True)
+        anchor_position = inverse[: len(anchors)]
+        member_position = inverse[len(anchors): len(anchors) + len(members)]
+        targets = torch.zeros(len(anchors), len(candidates))
+        targets.index_put_((owner, member_position), weights, accumulate=False)
+        return {"anchors": anchors, "candidates": candidates, "targets": targets, "anchor_position": anchor_position}
+
+
+class SimilarityListsDataModule(LightningDataModule):
+    """Similarity lists from WordNet (built on first use, cached atomically) or from a curated file.
+
+    Args:
+        path: the lists file (``.npz``). Built here when absent. Default: a file in the cache
+            folder keyed by the traversal settings.
+        curated: an externally curated lists file (.json/.jsonl/.tsv, see ``read_curated_lists``)
+            used instead of the WordNet traversal (e.g. the paper's linguist-curated release).
+        max_depth_diff, wup_threshold, include_siblings, max_list_size: the traversal (§3).
+        subtree_of: restrict anchors to these synsets and their hyponyms (tiny demos/tests).
+        batch_size: anchors per step (800 in the paper). num_negatives: extra vocabulary samples
+            per step for the denominator. val_anchors: a fixed sample of anchors whose loss and
+            synonym recovery are tracked (the lists are a fit target, not a held-out task).
+    """
+
+    def __init__(self, path: str | None = None, curated: str | None = None, max_depth_diff: int = 2,
+                 wup_threshold: float = 0.8, include_siblings: bool = False, max_list_size: int | None = 64,
+                 subtree_of: list[str] | None = None, batch_size: int = 800, num_negatives: int = 0,
+                 val_anchors: int = 2000, num_workers: int = 0, seed: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = SimilarityListConfig(max_depth_diff=max_depth_diff, wup_threshold=wup_threshold,
+                                           include_siblings=include_siblings, max_list_size=max_list_size)
+        self.lists: SimilarityLists | None = None
+
+    # ------------------------------------------------------------------------------ files
+    def lists_path(self) -> Path:
+        if self.hparams.path:
+            p = Path(self.hparams.path).expanduser()
+            return p if p.is_absolute() else REPO_ROOT / p
+        key = config_key(self.config)
+        if self.hparams.subtree_of:
+            key += "-" + sha1_of_json(sorted(self.hparams.subtree_of))[:8]
+        return cache_dir() / "semclip" / f"similarity_lists-{key}.npz"
+
+    def prepare_data(self):
+        if self.hparams.curated is None and not self.lists_path().is_file():
+            self._build().save(self.lists_path())
+
+    def _build(self) -> SimilarityLists:
+        synsets = subtree_synsets(self.hparams.subtree_of) if self.hparams.subtree_of else None
+        return build_similarity_lists(self.config, synsets=synsets, progress=synsets is None)
+
+    def load_lists(self) -> SimilarityLists:
+        if self.lists is None:
+            if self.hparams.curated is not None:
+                self.lists = read_curated_lists(self.hparams.curated)
+            else:
+                path = self.lists_path()
+                if not path.is_file():
+                    self.prepare_data()
+                self.lists = SimilarityLists.load(path)
+                stored = self.lists.metadata.get("config")
+                if stored is not None and stored != dataclasses.asdict(self.config) and self.hparams.path:
+                    raise ValueError(f"{path} was built with {stored}, not the configured {dataclasses.asdict(self.config)}. "
+                                     "Delete it (it is rebuilt) or point `path` elsewhere.")
+        return self.lists
+
+    @property
+    def vocab(self) -> list[str]:
+        return self.load_lists().vocab
+
+    # ------------------------------------------------------------------------------ loaders
+    def setup(self, stage: str | None = None):
+        lists = self.load_lists()
+        sizes = np.diff(lists.indptr)
+        self.train_rows = np.flatnonzero(sizes > 0)  # an empty list has no positive to pull
+        if len(self.train_rows) == 0:
+            raise ValueError("The similarity lists have no anchor with a non-empty list; nothing to train on.")
+        rng = np.random.default_rng(self.hparams.seed)
+        n_val = min(self.hparams.val_anchors, len(self.train_rows))
+        self.val_rows = np.sort(rng.choice(self.train_rows, n_val, replace=False))
+        self.collate = SimilarityListCollator(lists, self.hparams.num_negatives, self.hparams.seed)
+
+    def _loader(self, rows, shuffle):
+        return DataLoader(_Rows(rows), batch_size=self.hparams.batch_size, shuffle=shuffle, collate_fn=self.collate,
+                          num_workers=self.hparams.num_workers, persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self):
+        return self._loader(self.train_rows, True)
+
+    def val_dataloader(self):
+        return self._loader(self.val_rows, False)

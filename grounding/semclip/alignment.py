@@ -1,0 +1,277 @@
+"""The semantic alignment transform and SemCLIP projection (SemCLIP §4, Eqs. 6–8).
+
+* ``VLM``: the protocol a vision-language model plugs in through (``encode_image``,
+  ``encode_text``); ``HFCLIP`` adapts a Hugging Face CLIP from a local path.
+* ``AlignmentTransform``: Γ_t, the MLP of Eq. 8 (VLM text space -> STE space; 512 -> 4096 ->
+  4096 -> 300 at paper scale), trained with MSE by ``fit_alignment`` (AdamW 1e-3, batch 512).
+* Targets: a caption's nouns (WordNet-lookup noun detector, Lesk sense disambiguation with a
+  first-sense fallback) mapped to STE lemma items and averaged; out-of-vocabulary nouns go to
+  their nearest WordNet noun form under the offline MiniLM.
+* ``semclip_project_images``: Eq. 7, an image takes Γ_t of its nearest text in VLM space.
+* ``SemanticIndex``: cosine-similarity search (exact torch; FAISS when installed and asked for).
+* ``overlap_at_k``: retrieval stability between a query's and its synonyms' top-k lists (Table 3).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grounding.semclip.ste import STEEmbedding
+
+
+# ------------------------------------------------------------------------------------------
+# VLM protocol
+# ------------------------------------------------------------------------------------------
+@runtime_checkable
+class VLM(Protocol):
+    """What SemCLIP needs from a vision-language model: both encoders into one joint space."""
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor: ...  # (B, 3, H, W) -> (B, d)
+
+    def encode_text(self, texts: Sequence[str]) -> torch.Tensor: ...   # N strings -> (N, d)
+
+
+class HFCLIP:
+    """A Hugging Face CLIP (``CLIPModel``) loaded from a local directory or the local hub cache."""
+
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 256):
+        from transformers import CLIPModel, CLIPTokenizerFast
+
+        p = Path(path).expanduser()
+        try:
+            self.model = CLIPModel.from_pretrained(str(p), local_files_only=True).to(device).eval()
+            self.tokenizer = CLIPTokenizerFast.from_pretrained(str(p), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise FileNotFoundError(
+                f"No CLIP weights at {path!r}. SemCLIP's paper VLM is OpenAI CLIP (e.g. openai/clip-vit-base-patch32): "
+                "download it on a machine with internet (`huggingface-cli download openai/clip-vit-base-patch32 "
+                "--local-dir DIR`) and pass DIR, or plug in any object with encode_image/encode_text (grounding.semclip.VLM)."
+            ) from e
+        self.device, self.batch_size = device, batch_size
+
+    @torch.inference_mode()
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.get_image_features(pixel_values=images.to(self.device)).float().cpu()
+
+    @torch.inference_mode()
+    def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
+        out = []
+        for s in range(0, len(texts), self.batch_size):
+            tok = self.tokenizer(list(texts[s:s + self.batch_size]), padding=True, truncation=True, return_tensors="pt").to(self.device)
+            out.append(self.model.get_text_features(**tok).float().cpu())
+        return torch.cat(out)
+
+
+# ------------------------------------------------------------------------------------------
+# Γ_t (Eq. 8)
+# ------------------------------------------------------------------------------------------
+class AlignmentTransform(nn.Module):
+    """Eq. 8: FC3(ReLU(FC2(ReLU(FC1(·))))), VLM text space -> STE space."""
+
+    def __init__(self, in_dim: int = 512, out_dim: int = 300, hidden: int = 4096):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, out_dim))
+
+    def forward(self, c_t: torch.Tensor) -> torch.Tensor:
+        return self.net(c_t)
+
+
+def fit_alignment(transform: AlignmentTransform, vlm_text: torch.Tensor, ste_targets: torch.Tensor, epochs: int = 200,
+                  batch_size: int = 512, lr: float = 1e-3, weight_decay: float = 1e-2, seed: int = 0,
+                  log: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train Γ_t with the MSE of Eq. 8 (AdamW); returns the mean loss of every epoch."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(transform.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    transform.train()
+    for epoch in range(epochs):
+        perm = torch.randperm(len(vlm_text), generator=g)
+        total = 0.0
+        for idx in perm.split(batch_size):
+            loss = F.mse_loss(transform(vlm_text[idx]), ste_targets[idx], reduction="none").sum(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(vlm_text))
+        if log is not None:
+            log(epoch, losses[-1])
+    transform.eval()
+    return losses
+
+
+@torch.no_grad()
+def recovery_error(predicted: torch.Tensor, targets: torch.Tensor) -> float:
+    """§4's nearest-neighbour recovery error: fraction of pairs whose prediction's nearest target
+    (cosine) is not its own target (distinct target rows; identical targets count as recovered)."""
+    p, t = F.normalize(predicted, dim=-1), F.normalize(targets, dim=-1)
+    nearest = (p @ t.T).argmax(dim=-1)
+    same = (t[nearest] - t).abs().amax(dim=-1) < 1e-6
+    return float(1.0 - same.float().mean())
+
+
+# ------------------------------------------------------------------------------------------
+# Caption vocabulary -> STE targets
+# ------------------------------------------------------------------------------------------
+_WORD = re.compile(r"[a-z]+(?:[-'][a-z]+)*")
+# Closed-class words never count as nouns even when WordNet lists a noun sense ("a", "in", "it").
+_STOP = frozenset("""a an the and or but of in on at to for with by from up down over under into onto off out as is are was were be been
+being has have had do does did it its this that these those there here he she they them his her their our we you i me my your
+some any all each every no not very too so than then while who whom which what where when why how one two three four five
+six seven eight nine ten near next behind front top side other another several many few more most while""".split())
+
+
+def caption_nouns(caption: str, wn) -> list[str]:
+    """Nouns of a caption by WordNet lookup (offline, no POS tagger): the longest WordNet noun
+    compound starting at each token (up to 3 words, e.g. "hot dog", "fire hydrant"), else a single
+    token with a noun sense (its base form via morphy), skipping closed-class words."""
+    tokens = _WORD.findall(caption.lower())
+    out, i = [], 0
+    while i < len(tokens):
+        for n in (3, 2):
+            base = wn.morphy("_".join(tokens[i:i + n]), "n") if i + n <= len(tokens) else None
+            if base is not None:
+                out.append(base.replace("_", " "))
+                i += n
+                break
+        else:
+            tok = tokens[i]
+            if tok not in _STOP and len(tok) > 1:
+                base = wn.morphy(tok, "n")
+                if base is not None:
+                    out.append(base.replace("_", " "))
+            i += 1
+    return out
+
+
+def disambiguate(noun: str, context: Sequence[str], wn) -> str | None:
+    """The lemma key of ``noun`` in context: NLTK's Lesk, first WordNet sense when Lesk abstains."""
+    from nltk.wsd import lesk
+
+    name = noun.replace(" ", "_")
+    synsets = wn.synsets(name, pos="n")
+    if not synsets:
+        return None
+    sense = lesk(list(context), name, pos="n", synsets=synsets) or synsets[0]
+    lemma = next((lem.name() for lem in sense.lemmas() if lem.name().lower() == name.lower()), sense.lemmas()[0].name())
+    return f"{sense.name()}.{lemma}"
+
+
+class CaptionTargets:
+    """STE targets for captions (§4): the mean STE vector of a caption's disambiguated nouns.
+
+    ``lexical``: an optional callable mapping out-of-vocabulary nouns to STE lemma keys (the
+    paper uses SBERT nearest lexical variants; :func:`minilm_lexical_variants` builds one)."""
+
+    def __init__(self, ste: STEEmbedding, wn=None, lexical: Callable[[Sequence[str]], list[str | None]] | None = None):
+        if wn is None:
+            from grounding.lexicon import wordnet
+
+            wn = wordnet()
+        self.ste, self.wn, self.lexical = ste, wn, lexical
+
+    def keys(self, caption: str) -> list[str]:
+        context = _WORD.findall(caption.lower())
+        keys, oov = [], []
+        for noun in caption_nouns(caption, self.wn):
+            key = disambiguate(noun, context, self.wn)
+            (keys if key in self.ste.index else oov).append(key if key in self.ste.index else noun)
+        if oov and self.lexical is not None:
+            keys += [k for k in self.lexical(oov) if k is not None and k in self.ste.index]
+        return keys
+
+    def __call__(self, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(targets (N, d_ste), kept (N,) bool): captions without any STE noun are dropped."""
+        vecs, kept = [], []
+        for c in captions:
+            rows = [self.ste.index[k] for k in self.keys(c)]
+            kept.append(bool(rows))
+            if rows:
+                vecs.append(self.ste.vectors[rows].mean(0))
+        return (torch.stack(vecs) if vecs else torch.empty(0, self.ste.dim)), torch.tensor(kept, dtype=torch.bool)
+
+
+def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_size: int = 512):
+    """OOV noun -> the STE lemma key of its nearest WordNet noun form under a sentence encoder."""
+    from grounding.semclip.evaluation import TextEncoderEmbedder
+
+    embedder = TextEncoderEmbedder(encoder, batch_size=batch_size)
+    index = ste.surface_index()
+    forms = sorted(index)
+    bank = embedder.encode(forms)
+
+    def lookup(words: Sequence[str]) -> list[str | None]:
+        if not words:
+            return []
+        nearest = (embedder.encode([w.lower() for w in words]) @ bank.T).argmax(-1).tolist()
+        return [ste.keys[index[forms[j]][0]] for j in nearest]
+
+    return lookup
+
+
+# ------------------------------------------------------------------------------------------
+# Eq. 7 and retrieval
+# ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor, text_semclip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 7: Γ_i(C_i) = Γ_t(C_{t_i}) with t_i = argmin_t' cosine distance(C_i, C_t').
+
+    ``text_semclip`` holds Γ_t of every text (rows aligned with ``text_vlm``). Returns the images'
+    SemCLIP vectors and the index of each image's nearest text."""
+    nearest = (F.normalize(image_vlm, dim=-1) @ F.normalize(text_vlm, dim=-1).T).argmax(dim=-1)
+    return text_semclip[nearest], nearest
+
+
+class SemanticIndex:
+    """Cosine-similarity index over vectors (exact torch matmul; ``backend="faiss"`` uses an
+    inner-product FAISS index when faiss-cpu is installed)."""
+
+    def __init__(self, vectors: torch.Tensor, backend: str = "torch"):
+        self.vectors = F.normalize(torch.as_tensor(vectors, dtype=torch.float32), dim=-1)
+        self.backend = backend
+        if backend == "faiss":
+            try:
+                import faiss
+            except ImportError as e:
+                raise ImportError("backend='faiss' needs faiss-cpu (`pip install faiss-cpu`); backend='torch' is exact.") from e
+            self._faiss = faiss.IndexFlatIP(self.vectors.shape[1])
+            self._faiss.add(self.vectors.numpy())
+        elif backend != "torch":
+            raise ValueError(f"backend must be 'torch' or 'faiss', got {backend!r}")
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q = F.normalize(torch.as_tensor(queries, dtype=torch.float32), dim=-1)
+        k = min(k, len(self.vectors))
+        if self.backend == "faiss":
+            scores, idx = self._faiss.search(q.numpy(), k)
+            return torch.from_numpy(scores), torch.from_numpy(idx).long()
+        return (q @ self.vectors.T).topk(k, dim=-1)
+
+
+def overlap_at_k(query_topk: torch.Tensor, synonym_topk: torch.Tensor) -> float:
+    """Table 3: mean |top-k(q) ∩ top-k(q')| / k over (query, synonym-variant) pairs.
+    query_topk: (N, k) retrieved ids for each query; synonym_topk: (N, S, k) for its S variants."""
+    n, s, k = synonym_topk.shape
+    inter = (query_topk[:, None, :, None] == synonym_topk[:, :, None, :]).any(-1).sum(-1)  # (N, S)
+    return float(inter.float().mean() / k)
+
+
+def retrieval_scores(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict[str, float]:
+    """NDCG@k, mAP and R@k (torchmetrics.retrieval) of a (Q, N) score matrix with (Q, N) boolean
+    relevance (ground truth already augmented with synonym labels)."""
+    from torchmetrics.retrieval import RetrievalMAP, RetrievalNormalizedDCG, RetrievalRecall
+
+    q, n = scores.shape
+    indexes = torch.arange(q)[:, None].expand(q, n).reshape(-1)
+    preds, target = scores.reshape(-1).float(), relevant.reshape(-1).bool()
+    return {f"ndcg@{k}": float(RetrievalNormalizedDCG(top_k=k)(preds, target, indexes=indexes)),
+            "map": float(RetrievalMAP()(preds, target, indexes=indexes)),
+            f"recall@{k}": float(RetrievalRecall(top_k=k)(preds, target, indexes=indexes))}

@@ -1,0 +1,288 @@
+"""The semantic text embedding (STE, SemCLIP §3): the semantic memory model.
+
+one-hot lemma -> embedding layer -> dense ReLU encoder (the STE vector, 300/1024/2048/4096) ->
+ReLU projection head (discarded after training), trained with Eq. 3 on the similarity lists.
+The embedding layer is a sparse ``nn.Embedding`` updated by ``SparseAdam`` (only the rows a batch
+touches), with the configured optimizer (Adam 1e-3) for the dense layers: a full-vocabulary epoch
+then costs the rows it uses, not |V| x d optimizer updates per step. A sparse row is updated only
+when its lemma is in a batch (about 1 + list size times an epoch, against every step for a dense
+Adam whose momentum keeps moving it), so ``embedding_lr`` (default 10x the dense lr) restores the
+pace of the paper's single dense Adam 1e-3; measured in benchmarks/bench_semclip.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
+from grounding.semclip.losses import multi_positive_contrastive_loss
+from grounding.semclip.similarity_lists import lemma_surface
+from grounding.utils.io import atomic_path
+
+
+def ste_default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-3)  # §3 implementation details
+
+
+class STEEncoder(nn.Module):
+    """Embedding -> Linear+ReLU (encoding) -> Linear+ReLU (projection head, training only)."""
+
+    def __init__(self, vocab_size: int, encoding_size: int = 300, embedding_dim: int | None = None,
+                 projection_size: int | None = None, sparse: bool = True):
+        super().__init__()
+        embedding_dim = embedding_dim or encoding_size
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, sparse=sparse)
+        nn.init.normal_(self.embedding.weight, std=embedding_dim ** -0.5)
+        self.encoder = nn.Sequential(nn.Linear(embedding_dim, encoding_size), nn.ReLU())
+        self.projection = nn.Sequential(nn.Linear(encoding_size, projection_size or encoding_size), nn.ReLU())
+
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.embedding(ids))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.encode(ids))
+
+    @torch.no_grad()
+    def encode_all(self, chunk: int = 16384) -> torch.Tensor:
+        """The STE vector of every vocabulary item (V, encoding_size)."""
+        ids = torch.arange(self.embedding.num_embeddings, device=self.embedding.weight.device)
+        return torch.cat([self.encode(c) for c in ids.split(chunk)])
+
+
+class SemanticTextEmbedding(GroundingModule):
+    """LightningModule training the STE on similarity-list batches (see data_modules.similarity_lists).
+
+    ``vocab_size`` may be left unset: it is taken from the DataModule's vocabulary at setup (the
+    vocabulary itself is stored in checkpoints and exported with the vectors). ``export_dir``:
+    where the trained embedding (vocab + vectors + word2vec text) is written when training ends.
+    """
+
+    monitor = "val/loss"
+    monitor_mode = "min"
+
+    def __init__(self, vocab_size: int | None = None, encoding_size: int = 300, embedding_dim: int | None = None,
+                 projection_size: int | None = None, temperature: float = 0.05, sparse: bool = True,
+                 embedding_lr: float | None = None, export_dir: str | None = None, optimizer: OptimizerCallable = ste_default_optimizer,
+                 lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler)
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.automatic_optimization = False  # two optimizers: SparseAdam (embedding) + the dense one
+        self.vocab: list[str] | None = None
+        self.model: STEEncoder | None = None
+        if vocab_size is not None:
+            self._build(vocab_size)
+        self._val_vectors = None
+
+    def _build(self, vocab_size: int):
+        h = self.hparams
+        self.model = STEEncoder(vocab_size, h.encoding_size, h.embedding_dim, h.projection_size, h.sparse)
+        self.hparams.vocab_size = vocab_size
+
+    def setup(self, stage: str):
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and hasattr(dm, "vocab"):
+            vocab = list(dm.vocab)
+            if self.model is None:
+                self._build(len(vocab))
+            elif self.model.embedding.num_embeddings != len(vocab):
+                raise ValueError(f"The model has {self.model.embedding.num_embeddings} vocabulary rows but the "
+                                 f"DataModule's similarity lists have {len(vocab)} lemmas; train a new model "
+                                 "or use the lists it was trained on.")
+            self.vocab = vocab
+        if self.model is None:
+            raise ValueError("SemanticTextEmbedding needs vocab_size or a DataModule with a `vocab` "
+                             "(data_modules.similarity_lists.SimilarityListsDataModule).")
+
+    # ------------------------------------------------------------------------------ training
+    def configure_optimizers(self):
+        assert self.model is not None, "setup() builds the model before the optimizers"
+        dense = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
+        if not self.hparams.sparse:
+            dense = list(self.model.parameters())
+        dense_opt = self.optimizer_factory(dense)
+        optimizers = [dense_opt]
+        if self.hparams.sparse:
+            lr = self.hparams.embedding_lr or 10 * dense_opt.param_groups[0]["lr"]
+            optimizers.insert(0, torch.optim.SparseAdam(list(self.model.embedding.parameters()), lr=lr))
+        if self.lr_scheduler_factory is None:
+            return optimizers
+        return optimizers, [self.lr_scheduler_factory(o) for o in optimizers]
+
+    def batch_loss(self, batch) -> torch.Tensor:
+        z = self.model(batch["candidates"])
+        anchor_z = z[batch["anchor_position"]]
+        return multi_positive_contrastive_loss(anchor_z, z, batch["targets"], self.hparams.temperature,
+                                               anchor_position=batch["anchor_position"])
+
+    def training_step(self, batch, batch_idx):
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        for opt in optimizers:
+            opt.zero_grad()
+        loss = self.batch_loss(batch)
+        self.manual_backward(loss)
+        for opt in optimizers:
+            opt.step()
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(batch["anchors"]))
+        self.log("train/epoch_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["anchors"]))
+        return loss
+
+    def on_train_epoch_end(self):
+        schedulers = self.lr_schedulers()
+        if schedulers is not None:
+            for s in schedulers if isinstance(schedulers, list) else [schedulers]:
+                s.step()
+
+    # ------------------------------------------------------------------------------ validation
+    def on_validation_epoch_start(self):
+        vectors = self.model.encode_all()
+        self._val_vectors = torch.nn.functional.normalize(vectors, dim=-1)
+
+    def validation_step(self, batch, batch_idx):
+        n = len(batch["anchors"])
+        self.log("val/loss", self.batch_loss(batch), prog_bar=True, batch_size=n)
+        # list recall@10: an anchor's 10 nearest STE vectors (itself excluded) hold a list member
+        sims = self._val_vectors[batch["anchors"]] @ self._val_vectors.T
+        sims[torch.arange(n), batch["anchors"]] = -2.0
+        top = sims.topk(min(10, sims.shape[1] - 1), dim=-1).indices
+        cand = batch["candidates"]
+        pos = torch.searchsorted(cand, top).clamp(max=len(cand) - 1)
+        member = (cand[pos] == top) & (batch["targets"].gather(1, pos) > 0)
+        self.log("val/list_recall@10", member.any(dim=1).float().mean(), prog_bar=True, batch_size=n)
+
+    def on_validation_epoch_end(self):
+        self._val_vectors = None
+
+    # ------------------------------------------------------------------------------ export
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["ste_vocab"] = self.vocab
+
+    def on_load_checkpoint(self, checkpoint):
+        self.vocab = checkpoint.get("ste_vocab")
+        if self.model is None and self.vocab is not None:
+            self._build(len(self.vocab))
+
+    def on_train_end(self):
+        if self.hparams.export_dir and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            out = export_ste(self, self.hparams.export_dir)
+            print(f"STE exported to {out}")
+
+    def embedding(self) -> "STEEmbedding":
+        if self.vocab is None:
+            raise ValueError("This STE has no vocabulary (train it with a SimilarityListsDataModule or load a checkpoint).")
+        self.model.eval()
+        return STEEmbedding(self.vocab, self.model.encode_all().cpu())
+
+
+# ------------------------------------------------------------------------------------------
+# The trained embedding: vocabulary + vectors
+# ------------------------------------------------------------------------------------------
+class STEEmbedding:
+    """Exported STE vectors over lemma keys, with word-level lookup and nearest neighbours."""
+
+    def __init__(self, keys: Sequence[str], vectors: torch.Tensor | np.ndarray):
+        vectors = torch.as_tensor(np.asarray(vectors, dtype=np.float32))
+        if vectors.ndim != 2 or len(keys) != len(vectors):
+            raise ValueError(f"{len(keys)} keys but vectors of shape {tuple(vectors.shape)}")
+        self.keys = list(keys)
+        self.vectors = vectors
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self._surface_index: dict[str, list[int]] | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.vectors.shape[1]
+
+    @property
+    def normalized(self) -> torch.Tensor:
+        if not hasattr(self, "_normalized"):
+            self._normalized = torch.nn.functional.normalize(self.vectors, dim=-1)
+        return self._normalized
+
+    def surface_index(self) -> dict[str, list[int]]:
+        """written form (lower case, spaces) -> rows of every sense/lemma item with that form."""
+        if self._surface_index is None:
+            idx: dict[str, list[int]] = {}
+            for i, k in enumerate(self.keys):
+                idx.setdefault(lemma_surface(k), []).append(i)
+            self._surface_index = idx
+        return self._surface_index
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.index
+
+    def vector(self, key: str) -> torch.Tensor:
+        return self.vectors[self.index[key]]
+
+    def nearest(self, rows: torch.Tensor, k: int = 10, exclude_self: bool = True, chunk: int = 1024) -> torch.Tensor:
+        """Rows of the k nearest items (cosine) to each of ``rows``."""
+        out = []
+        for part in torch.as_tensor(rows).split(chunk):
+            sims = self.normalized[part] @ self.normalized.T
+            if exclude_self:
+                sims[torch.arange(len(part)), part] = -2.0
+            out.append(sims.topk(k, dim=-1).indices)
+        return torch.cat(out) if out else torch.empty(0, k, dtype=torch.long)
+
+    # ---------------------------------------------------------------------------- files
+    def save(self, out: str | Path) -> Path:
+        """``out/`` with vocab.txt, vectors.npy, ste.w2v.txt (word2vec text format), meta.json; atomic."""
+        out = Path(out)
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            (tmp / "vocab.txt").write_text("\n".join(self.keys) + "\n", encoding="utf-8")
+            np.save(tmp / "vectors.npy", self.vectors.numpy())
+            write_word2vec(tmp / "ste.w2v.txt", self.keys, self.vectors.numpy())
+            (tmp / "meta.json").write_text(json.dumps({"vocab_size": len(self.keys), "dim": self.dim}))
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "STEEmbedding":
+        """A folder written by :meth:`save`, or a word2vec text file."""
+        path = Path(path)
+        if path.is_dir():
+            if not (path / "vocab.txt").is_file() or not (path / "vectors.npy").is_file():
+                raise FileNotFoundError(f"{path} is not an exported STE (expected vocab.txt and vectors.npy; "
+                                        "export one with `python -m grounding.semclip export --ckpt CKPT --out DIR`).")
+            keys = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+            return cls(keys, np.load(path / "vectors.npy"))
+        if path.is_file():
+            keys, vectors = read_word2vec(path)
+            return cls(keys, vectors)
+        raise FileNotFoundError(f"STE embedding {path} does not exist (a folder from `grounding.semclip export` or a word2vec text file).")
+
+
+def write_word2vec(path: Path, keys: Sequence[str], vectors: np.ndarray):
+    """word2vec text format: ``"<count> <dim>"`` then ``"<token> v1 ... vd"`` per line."""
+    fmt = " ".join(["%.6g"] * vectors.shape[1])
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{len(keys)} {vectors.shape[1]}\n")
+        f.writelines(k.replace(" ", "_") + " " + fmt % tuple(row) + "\n" for k, row in zip(keys, vectors.tolist()))
+
+
+def read_word2vec(path: Path) -> tuple[list[str], np.ndarray]:
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().split()
+        if len(header) != 2 or not all(h.isdigit() for h in header):
+            raise ValueError(f"{path}: the first line must be '<count> <dim>' (word2vec text format), got {header!r}")
+        n, d = map(int, header)
+        keys, rows = [], np.empty((n, d), np.float32)
+        for i, line in enumerate(f):
+            parts = line.rstrip("\n").split(" ")
+            if len(parts) != d + 1:
+                raise ValueError(f"{path}:{i + 2}: expected a token and {d} numbers, got {len(parts) - 1} numbers")
+            keys.append(parts[0])
+            rows[i] = np.asarray(parts[1:], dtype=np.float32)
+    if len(keys) != n:
+        raise ValueError(f"{path}: header says {n} vectors, file has {len(keys)}")
+    return keys, rows
+
+
+def export_ste(module: SemanticTextEmbedding, out: str | Path) -> Path:
+    return module.embedding().save(out)

@@ -1,0 +1,70 @@
+"""STE evaluation: synonym coverage (Table 1) and word similarity (Table 2) on hand-made cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from grounding.semclip.evaluation import (SynonymQueries, coverage_from_neighbours, encoder_synonym_coverage,
+                                          read_word_similarity, spearman, ste_pair_similarity, ste_synonym_coverage,
+                                          word_similarity_table)
+from grounding.semclip.ste import STEEmbedding
+
+KEYS = ["car.n.01.car", "car.n.01.auto", "dog.n.01.dog", "dog.n.01.domestic_dog", "cat.n.01.cat", "bank.n.01.bank", "bank.n.02.bank"]
+
+
+def _embedding():
+    v = torch.tensor([[1.0, 0, 0], [0.9, 0.1, 0], [0, 1, 0], [0.05, 0.1, 1], [0, 0.9, 0.2], [0, 0, 1], [1, 0, 0.1]])
+    return STEEmbedding(KEYS, v)
+
+
+def test_coverage_counts_by_hand():
+    q = SynonymQueries(words=["auto", "domestic dog"], synonyms=[{"car"}, {"dog"}], keys=["car.n.01.auto", "dog.n.01.domestic_dog"])
+    res = coverage_from_neighbours([["car", "bank"], ["bank", "cat"]], q)
+    assert res == {"queries": 2, "synonyms_in_top10": 1, "coverage": 0.5, "synonym_recall": 0.5}
+    ste = ste_synonym_coverage(_embedding(), q, k=1)
+    # auto's nearest item is car (or bank.n.02, same form "bank" never a synonym); domestic_dog's is bank.n.01
+    assert ste["synonyms_in_top10"] == 1 and ste["queries_in_vocabulary"] == 2
+    forms = ["auto", "bank", "car", "dog", "domestic dog"]
+    vec = torch.nn.functional.normalize(torch.tensor([[1.0, 0.1], [0, 1], [1, 0], [0.7, 0.7], [0.72, 0.7]]), dim=-1)
+    enc = encoder_synonym_coverage(vec, forms, q, k=1)
+    assert enc["synonyms_in_top10"] == 2
+
+
+def test_word_similarity_spearman_and_sense_max(tmp_path):
+    path = tmp_path / "toy.txt"
+    path.write_text("car\tauto\t9.0\ndog\tcat\t6.0\ncar\tdog\t1.0\nbank\tcar\t2.0\nzzz\tcar\t3.0\n")
+    pairs = read_word_similarity(path)
+    assert pairs[0] == ("car", "auto", 9.0) and len(pairs) == 5
+    emb = _embedding()
+    # "bank" has two sense items: the pair score is the best over senses (bank.n.02 ~ car)
+    expected = float(torch.nn.functional.normalize(torch.tensor([1.0, 0, 0.1]), dim=0)[0])
+    assert ste_pair_similarity(emb, "bank", "car") == pytest.approx(expected)
+    assert ste_pair_similarity(emb, "zzz", "car") is None
+    pred, gold = [0.3, 0.1, 0.2], [9.0, 6.0, 1.0]
+    assert spearman(pred, gold) == pytest.approx(stats.spearmanr(pred, gold).statistic)
+
+    class FakeWN:
+        def synsets(self, w, pos):
+            return [] if w == "zzz" else [w]
+
+    rows = word_similarity_table([path], {"STE": lambda a, b: ste_pair_similarity(emb, a, b)}, FakeWN())
+    (row,) = rows
+    assert row["pairs"] == 5 and row["wordnet_filtered"] == 4 and row["covered_full"] == 4
+    preds = [ste_pair_similarity(emb, a, b) for a, b, _ in pairs[:4]]
+    assert row["spearman_full"] == pytest.approx(stats.spearmanr(preds, [9, 6, 1, 2]).statistic)
+
+
+def test_bad_word_similarity_file(tmp_path):
+    (tmp_path / "bad.txt").write_text("car\tauto\tnine\n")
+    with pytest.raises(ValueError, match=r"bad.txt:1.*not a number"):
+        read_word_similarity(tmp_path / "bad.txt")
+
+
+@pytest.mark.shared_data
+def test_shared_benchmarks_parse(shared_data):
+    for path in sorted((shared_data / "word-similarity").glob("*.txt")):
+        pairs = read_word_similarity(path)
+        assert len(pairs) > 10 and all(isinstance(s, float) for _, _, s in pairs)
