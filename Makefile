@@ -22,7 +22,11 @@ WORLD_SIZE ?= 128
 SEED ?= 0
 CLI := $(PY) -m grounding
 
-.PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline
+.PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline \
+        semclip-lists ste ste-report demo-composer demo-semclip
+
+STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
+STE_OUT ?= outputs/semclip/ste_wordnet
 
 # VG-BERT chain: stage1 -> stage2 -> stage3 (search heads). Tiny configs on the embedded world by
 # default; e.g. `make stage1 STAGE1_CONFIG=experiments/vgbert/stage1_paper.yaml STAGE1_OUT=outputs/vgbert/stage1_paper`.
@@ -66,11 +70,19 @@ test: install  ## run the test suite (CPU, tiny generated data; reads ../shared/
 world: install  ## generate the embedded world (WORLD, WORLD_IMAGES, WORLD_SIZE, SEED)
 	$(PY) -m data_modules.synthetic --out $(WORLD) --images $(WORLD_IMAGES) --seed $(SEED) --size $(WORLD_SIZE)
 
-demo: install world  ## generate the world and run every stage on it at tiny scale
-	@echo "demo: done"
+DEMO_STEPS := world stage1 baseline stage2 stage3 demo-composer demo-semclip
 
-bench: install  ## benchmarks: ratios measured side by side in one run
-	@echo "bench: done"
+demo: install  ## generate the embedded world and run every stage on it at tiny scale (< 15 min on 2 cores)
+	@start=$$(date +%s); for step in $(DEMO_STEPS); do \
+	  echo "== make $$step"; $(MAKE) --no-print-directory $$step || exit 1; \
+	  echo "== $$step done at +$$(( $$(date +%s) - start ))s"; done; \
+	echo "demo finished in $$(( $$(date +%s) - start ))s: outputs/ (checkpoints, search grid, COMPOSER graph and split), reports/, $(WORLD)/"
+
+bench: install  ## benchmarks: speed ratios measured side by side in one run (~10 min on 2 cores)
+	$(PY) benchmarks/bench_vgbert.py
+	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
+	test -f data/semclip/similarity_lists_wordnet.npz || $(MAKE) --no-print-directory semclip-lists
+	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
 	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT)
@@ -95,6 +107,24 @@ crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + T
 
 mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fig. 4) on Flickr8k (K=1000)
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k.yaml $(if $(K),--k $(K))
+
+semclip-lists: install  ## SemCLIP: WordNet similarity lists for every noun lemma (~1.5 min)
+	$(PY) -m grounding.semclip build-lists --out data/semclip/similarity_lists_wordnet.npz
+
+ste: install  ## SemCLIP: train the semantic text embedding on all WordNet nouns, export it, write the Table 1/2 report
+	$(CLI) fit --config $(STE_CONFIG) --trainer.default_root_dir $(STE_OUT)
+	$(MAKE) ste-report STE_OUT=$(STE_OUT)
+
+ste-report: install  ## SemCLIP: synonym coverage (Table 1) and word similarity (Table 2) of an exported STE (STE_OUT=)
+	$(PY) -m grounding.semclip report --ste $(STE_OUT)/embedding --out reports/semclip/$(notdir $(STE_OUT)) $(STE_REPORT_ARGS)
+
+demo-composer: install  ## COMPOSER on the embedded world: its Concept & Relation Graph and an MCD split
+	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
+	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
+
+demo-semclip: install  ## SemCLIP at tiny scale: STE on a WordNet subset, exported, with its report
+	$(CLI) fit --config experiments/semclip/ste_tiny.yaml --trainer.default_root_dir outputs/semclip/ste_tiny
+	$(PY) -m grounding.semclip report --ste outputs/semclip/ste_tiny/embedding --out reports/semclip/ste_tiny --encoders
 
 clean:  ## remove generated data, outputs and caches (keeps .venv)
 	rm -rf data/world outputs reports .cache

@@ -135,7 +135,7 @@ def _topk_rows(queries: torch.Tensor, bank: torch.Tensor, k: int, self_rows: tor
             valid = part >= 0
             sims[torch.arange(len(part))[valid], part[valid]] = -2.0
         out.append(sims.topk(k, dim=-1).indices)
-    return torch.cat(out)
+    return torch.cat(out) if out else torch.empty(0, k, dtype=torch.long)
 
 
 def coverage_from_neighbours(neighbour_forms: Sequence[Sequence[str]], queries: SynonymQueries) -> dict:
@@ -281,6 +281,11 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
     t0 = time.perf_counter()
     emb = STEEmbedding.load(ste)
     queries = single_sense_noun_queries(wn)
+    # An STE trained on part of WordNet (e.g. the tiny config) is scored on the queries it knows.
+    in_vocab = [i for i, key in enumerate(queries.keys) if key in emb.index]
+    if len(in_vocab) < len(queries.keys):
+        print(f"STE vocabulary covers {len(in_vocab)} of {len(queries.keys)} synonym queries; scoring those", flush=True)
+        queries = SynonymQueries(*([lst[i] for i in in_vocab] for lst in (queries.words, queries.synonyms, queries.keys)))
     if max_queries is not None and max_queries < len(queries.words):
         pick = np.sort(np.random.default_rng(seed).choice(len(queries.words), max_queries, replace=False))
         queries = SynonymQueries(*([lst[i] for i in pick] for lst in (queries.words, queries.synonyms, queries.keys)))
