@@ -90,3 +90,43 @@ def offline_overrides(path, world, tmp_path):
 def test_config_runs_fast_dev_run(path, tiny_world, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     main(["fit", "--config", str(path), *offline_overrides(path, tiny_world, tmp_path)])
+
+
+# ---- the other YAMLs under experiments/: sweeps and COMPOSER commands ----------------------------
+SWEEPS = sorted((EXPERIMENTS_DIR / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.name for p in SWEEPS])
+def test_sweep_expands_to_valid_cli_runs(path):
+    """Every grid point of a wandb sweep is a command whose overrides the CLI accepts."""
+    from grounding.sweep import build_command, expand_grid
+
+    sweep = yaml.safe_load(path.read_text())
+    grid = expand_grid(sweep, str(path))
+    assert len(grid) >= 2
+    for params in grid:
+        cmd = build_command(sweep, params)
+        args = cmd[cmd.index("grounding") + 1:]  # after `python -m grounding`
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
+            main([*args, "--print_config"])
+        assert exit_info.value.code in (0, None), (path, params)
+        printed = yaml.safe_load(buf.getvalue())
+        for key, value in params.items():  # the override reached the resolved config
+            node = printed
+            for part in key.split("."):
+                node = node[part]
+            assert node == value, (key, node, value)
+
+
+COMPOSER_CONFIGS = sorted((EXPERIMENTS_DIR / "composer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", COMPOSER_CONFIGS, ids=[p.name for p in COMPOSER_CONFIGS])
+def test_composer_config_names_only_known_options(path):
+    from grounding.composer.__main__ import _apply_config, build_argparser
+
+    command = next(iter(yaml.safe_load(path.read_text())))
+    parser = build_argparser()
+    args = _apply_config(parser.parse_args([command, "--config", str(path)]), parser)
+    assert args.command == command and (args.out or command == "stats")
