@@ -267,3 +267,17 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
     assert dm.datasets["train"].load_image(0).shape == (64, 4, 4)
     reloaded = GroundingPretrain.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert reloaded.hparams.text_encoder == "tiny-random"
+
+
+def test_language_stream_trains_with_dropout():
+    from grounding.vgbert import LanguageStream
+
+    import torch
+
+    stream = LanguageStream("tiny-random", trainable_layers=1, hidden_dropout=0.5)
+    assert stream.bert.training and all(m.training for m in stream.bert.modules())
+    ids = torch.tensor([[101, 2417, 3608, 102]])
+    mask = torch.ones_like(ids)
+    torch.manual_seed(0)
+    a, b = stream(ids, mask), stream(ids, mask)
+    assert not torch.allclose(a, b)  # dropout is active in training mode

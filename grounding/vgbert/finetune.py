@@ -100,6 +100,21 @@ def attach_feature_cache(backbone: torch.nn.Module, trainer, datamodule, cache_r
         fcache.attach(ds, loader)
 
 
+def restore_backbone(backbone: torch.nn.Module, checkpoint: dict, prefix: str) -> bool:
+    """Load the frozen CNN's weights (keys under ``prefix``) from a checkpoint dict; False if it has none.
+
+    Lightning calls ``setup`` *before* it restores ``trainer.test(ckpt_path=...)`` / resumed weights, so
+    a module whose CNN comes from a checkpoint (``init_from`` set: built without ImageNet weights) would
+    otherwise fill the feature cache from a randomly initialised backbone (all-zero feature maps).
+    """
+    state = checkpoint.get("state_dict") or {}
+    found = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not found:
+        return False
+    backbone.load_state_dict(found, strict=True)
+    return True
+
+
 class RelationalFinetune(GroundingModule):
     """VG-BERT relational grounding (Fig. 2); monitors ``val/relation_top1`` (max).
 
@@ -142,6 +157,10 @@ class RelationalFinetune(GroundingModule):
         self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss)
         self.model: VGBertRelational | None = None
         self._init_loaded = False
+        # Without init_from the CNN has its pretrained weights from construction; with it they come from
+        # init_from (fit) or from the checkpoint Lightning restores after setup (test / resume).
+        self._backbone_ready = not init_from
+        self._pending_cache = None
         if relation_labels is not None and object_classes is not None:
             self._build(list(relation_labels), list(object_classes))
 
@@ -187,6 +206,16 @@ class RelationalFinetune(GroundingModule):
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
             self.load_stage1(self.hparams.init_from)
         if self.hparams.feature_cache and dm is not None:
+            if self._backbone_ready or self._init_loaded:
+                attach_feature_cache(self.model.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
+            else:  # the CNN's weights arrive with the checkpoint restored after setup: cache then
+                self._pending_cache = dm
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.model is not None and restore_backbone(self.model.visual.backbone, checkpoint, "model.visual.backbone."):
+            self._backbone_ready = True
+        if self._pending_cache is not None and self._backbone_ready:
+            dm, self._pending_cache = self._pending_cache, None
             attach_feature_cache(self.model.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
 
     def load_stage1(self, path: str | Path) -> None:
@@ -252,4 +281,5 @@ class RelationalFinetune(GroundingModule):
         }
 
 
-__all__ = ["RelationalFinetune", "CheckpointError", "read_checkpoint", "load_submodules", "attach_feature_cache"]
+__all__ = ["RelationalFinetune", "CheckpointError", "read_checkpoint", "load_submodules", "attach_feature_cache",
+           "restore_backbone"]

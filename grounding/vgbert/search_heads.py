@@ -23,7 +23,8 @@ from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.retrieval import retrieval_metrics
-from grounding.vgbert.finetune import CheckpointError, attach_feature_cache, load_submodules, read_checkpoint
+from grounding.vgbert.finetune import (CheckpointError, attach_feature_cache, load_submodules, read_checkpoint,
+                                       restore_backbone)
 from grounding.vgbert.relational import VGBertRelational
 
 # Stage-2 hyperparameters that define the frozen model's architecture.
@@ -168,6 +169,9 @@ class SearchHeads(GroundingModule):
             s["backbone_weights"] = self.hparams["stage2"]["backbone_weights"] = None
         self.search = MultimodalSearch(VGBertRelational(len(rel), len(obj), **s), head_hidden)
         self._init_loaded = False
+        # With init_from the CNN's weights come from it (fit) or from the checkpoint restored after setup.
+        self._backbone_ready = not init_from
+        self._pending_cache = None
         self._eval: dict[str, list] = {}
 
     def setup(self, stage: str) -> None:
@@ -175,7 +179,19 @@ class SearchHeads(GroundingModule):
             self.load_stage2(self.hparams.init_from)
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.feature_cache and dm is not None:
-            attach_feature_cache(self.search.grounding.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
+            if self._backbone_ready or self._init_loaded:
+                attach_feature_cache(self.search.grounding.visual.backbone, self.trainer, dm,
+                                     self.hparams.feature_cache_dir)
+            else:  # never cache features of the not-yet-restored (random) CNN: wait for the checkpoint
+                self._pending_cache = dm
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if restore_backbone(self.search.grounding.visual.backbone, checkpoint, "search.grounding.visual.backbone."):
+            self._backbone_ready = True
+        if self._pending_cache is not None and self._backbone_ready:
+            dm, self._pending_cache = self._pending_cache, None
+            attach_feature_cache(self.search.grounding.visual.backbone, self.trainer, dm,
+                                 self.hparams.feature_cache_dir)
 
     def load_stage2(self, path: str | Path) -> None:
         load_submodules(self.search, read_checkpoint(path, "stage-2"), {"model.": "grounding"}, path, "stage-2")

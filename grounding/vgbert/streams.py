@@ -125,6 +125,9 @@ class LanguageStream(nn.Module):
         if attention_dropout is not None:
             overrides["attention_probs_dropout_prob"] = attention_dropout
         self.bert = encoder if encoder is not None else load_text_encoder(text_encoder, **overrides)
+        # from_pretrained returns eval mode and Lightning keeps each module's mode: without this the
+        # configured dropout (App. A: 0.3 / 0.1) would never act during training.
+        self.bert.train()
         self.text_encoder = text_encoder
         layers = _bert_layers(self.bert)
         n = len(layers)
