@@ -23,7 +23,7 @@ SEED ?= 0
 CLI := $(PY) -m grounding
 
 .PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline \
-        semclip-lists ste ste-report demo-composer demo-semclip
+        semclip-lists ste ste-report demo-composer demo-semclip evaluate
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -107,6 +107,10 @@ crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + T
 
 mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fig. 4) on Flickr8k (K=1000)
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k.yaml $(if $(K),--k $(K))
+
+EVALUATE_CONFIG ?= experiments/semantic_space/minilm.yaml
+evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silhouettes, figures) for the models in EVALUATE_CONFIG
+	$(PY) -m grounding.semantic_space --config $(EVALUATE_CONFIG) --out reports/semantic_space $(EVALUATE_ARGS)
 
 semclip-lists: install  ## SemCLIP: WordNet similarity lists for every noun lemma (~1.5 min)
 	$(PY) -m grounding.semclip build-lists --out data/semclip/similarity_lists_wordnet.npz

@@ -1,0 +1,329 @@
+"""One report comparing any number of language streams on the VG-BERT semantic-space analyses.
+
+``run_report(config)`` loads the lexical data, embeds everything each model needs (cached),
+runs the selected parts (concreteness, property_norms, clustering, composition) and writes a
+folder: ``report.md`` (Markdown tables), one CSV per table and per-item result, PNG figures,
+``timings.json`` and the resolved ``config.yaml``. The folder is written atomically. The first
+model is the reference ("before grounding") that significance tests and slope charts compare
+the others with.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from grounding.utils.io import atomic_path
+
+PARTS = ("concreteness", "property_norms", "clustering", "composition")
+
+# Table 2 of the paper: query phrase, target, and the paper's (cosine, rank) for Bert / Grounded / Relational.
+PAPER_TABLE2 = [
+    dict(query="striped horse", target="zebra", paper=[[0.12, 2914], [0.60, 12], [0.63, 8]]),
+    dict(query="black and white bear", target="panda", paper=[[0.13, 2478], [0.69, 2], [0.81, 2]]),
+    dict(query="flying car", target="plane", paper=[[0.36, 167], [0.66, 4], [0.61, 11]]),
+    dict(query="round container", target="bowl", paper=[[0.25, 489], [0.56, 8], [0.67, 2]]),
+    dict(query="red fruit", target="strawberry", paper=[[0.39, 239], [0.75, 3], [0.85, 3]]),
+    dict(query="young dog", target="puppy", paper=[[0.40, 94], [0.92, 2], [0.93, 2]]),
+    dict(query="iced mountain", target="glacier", paper=[[0.44, 20], [0.86, 1], [0.73, 5]]),
+    dict(query="clear sky", target="sunny", paper=[[0.27, 631], [0.31, 184], [0.34, 61]]),
+    dict(query="hot weather", target="summer", paper=[[0.27, 903], [0.52, 14], [0.53, 6]]),
+]
+PAPER_TABLE1 = {"Bert": (0.1040, 0.3538), "Grounded": (0.6615, 0.8749), "Relational Grounded": (0.6948, 0.8001)}
+
+DEFAULTS: dict = {
+    "models": [],                 # [{source, name, prefix, text_encoder, tokenizer}] or plain source strings
+    "data_root": None,            # default grounding.paths.shared_data_dir()
+    "semcat": None, "concreteness": None, "cslb": None,
+    "vocabulary": None,           # word-list file for composition/neighbours (default: unique SemCat words)
+    "out": "reports/semantic_space",
+    "parts": list(PARTS),
+    "embedding": {"batch_size": 256, "pool_special_tokens": True, "max_length": 32, "cache": True},
+    "semcat_subset": {"categories": None, "max_words_per_category": None},
+    "concreteness_part": {"pca_fit_on": "entries", "n_pcs": 6, "k_extremes": 10,
+                          "label_categories": ["emotions", "big", "country", "sciences", "math", "people",
+                                               "mythical_beasts", "weather", "art", "plants", "car", "animal",
+                                               "house", "cooking_tools"]},
+    "property_norms_part": {"min_pf": 5, "min_concepts": 5, "keep_sense": False, "n_components": None,
+                            "loo": "approx", "n_lambdas": 16, "lambda_min_ratio": 1.0e-3, "patience": 3,
+                            "n_jobs": 2, "max_features": None},
+    "clustering_part": {"top_k": 15},
+    "composition_part": {"queries": PAPER_TABLE2,
+                         "neighbour_queries": ["boat", "car", "airplane", "dog", "goose", "horse", "drink", "fruit",
+                                               "vegetable", "bathroom", "bedroom", "kitchen"],
+                         "slope_queries": ["striped horse", "red fruit"], "k": 15, "slope_top_n": 12},
+}
+
+
+def merge_config(overrides: dict | None) -> dict:
+    cfg = copy.deepcopy(DEFAULTS)
+    for key, value in (overrides or {}).items():
+        if key not in cfg:
+            raise KeyError(f"unknown report option {key!r}; known options: {sorted(cfg)}")
+        if isinstance(cfg[key], dict) and isinstance(value, dict):
+            unknown = set(value) - set(cfg[key])
+            if unknown:
+                raise KeyError(f"unknown option(s) {sorted(unknown)} under {key!r}; known: {sorted(cfg[key])}")
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
+    bad = set(cfg["parts"]) - set(PARTS)
+    if bad:
+        raise ValueError(f"unknown parts {sorted(bad)}; choose from {list(PARTS)}")
+    models = []
+    for m in cfg["models"]:
+        m = {"source": m} if isinstance(m, str) else dict(m)
+        if "source" not in m:
+            raise ValueError(f"model entry {m} needs a 'source' (a text encoder name or a .ckpt path)")
+        models.append({"name": None, "prefix": "auto", "text_encoder": None, "tokenizer": None, **m})
+    if not models:
+        raise ValueError("no models given: pass --models minilm [path/to.ckpt ...] or `models:` in the YAML config")
+    names = [m["name"] or (Path(m["source"]).stem if Path(m["source"]).expanduser().is_file() else m["source"])
+             for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model display names must be unique, got {names}; set them with --names")
+    for m, n in zip(models, names):
+        m["name"] = n
+    cfg["models"] = models
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown helpers
+# --------------------------------------------------------------------------------------------
+def _fmt(v) -> str:
+    if isinstance(v, (float, np.floating)):
+        return "n/a" if not np.isfinite(v) else (f"{v:.2e}" if 0 < abs(v) < 1e-3 else f"{v:.4f}")
+    return str(v)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+class _Timer:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    def __call__(self, label: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+                print(f"[semantic_space] {label} ...", flush=True)
+
+            def __exit__(self, *exc):
+                dt = time.perf_counter() - self.t0
+                timer.times[label] = timer.times.get(label, 0.0) + dt
+                print(f"[semantic_space] {label}: {dt:.1f} s", flush=True)
+
+        return _Ctx()
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+def run_report(config: dict) -> Path:
+    """Run the analyses in ``config`` (see ``DEFAULTS``) and write the report folder; returns it."""
+    from data_modules import lexical
+    from grounding.semantic_space import clustering, composition, concreteness, property_norms
+    from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
+
+    cfg = merge_config(config)
+    parts = [p for p in PARTS if p in cfg["parts"]]
+    timer = _Timer()
+    root = cfg["data_root"]
+    names = [m["name"] for m in cfg["models"]]
+
+    with timer("load lexical data"):
+        semcat = lexical.load_semcat(cfg["semcat"] or lexical.default_path("semcat", root))
+        sub = cfg["semcat_subset"]
+        if sub["categories"] or sub["max_words_per_category"]:
+            semcat = semcat.subset(sub["categories"], sub["max_words_per_category"])
+        vocabulary = lexical.load_word_list(cfg["vocabulary"]) if cfg["vocabulary"] else semcat.vocabulary
+        ratings = (lexical.load_concreteness(cfg["concreteness"] or lexical.default_path("concreteness", root))
+                   if "concreteness" in parts else {})
+        pn = cfg["property_norms_part"]
+        norms = None
+        if "property_norms" in parts:
+            norms = lexical.load_cslb_norms(cfg["cslb"] or lexical.default_path("cslb", root), pn["min_pf"],
+                                            pn["min_concepts"])
+            if pn["max_features"]:
+                keep = np.arange(min(pn["max_features"], len(norms.features)))
+                norms = lexical.PropertyNorms(norms.concepts, [norms.features[i] for i in keep],
+                                              [norms.feature_types[i] for i in keep], norms.labels[:, keep], norms.path)
+    comp = cfg["composition_part"]
+    queries = [q["query"] for q in comp["queries"]]
+    targets = [q["target"] for q in comp["queries"]]
+
+    # ---- embeddings -----------------------------------------------------------------------
+    emb: dict[str, dict] = {}
+    for spec in cfg["models"]:
+        name = spec["name"]
+        with timer(f"embed: {name}"):
+            stream = load_language_stream(spec["source"], name, spec["prefix"], spec["text_encoder"], spec["tokenizer"])
+            e = cfg["embedding"]
+            embedder = WordEmbedder(stream, e["batch_size"], e["pool_special_tokens"], e["max_length"], e["cache"])
+            texts = list(dict.fromkeys(semcat.words + vocabulary + queries + targets + comp["neighbour_queries"]
+                                       + comp["slope_queries"]
+                                       + (norms.concept_texts(pn["keep_sense"]) if norms is not None else [])))
+            table = dict(zip(texts, embedder.embed(texts)))
+            emb[name] = {"table": table, "identity": stream.identity, "cache": str(embedder.cache_folder)}
+            del stream, embedder
+
+    def E(name, words):
+        return np.stack([emb[name]["table"][w] for w in words])
+
+    out = Path(cfg["out"])
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        md = [f"# Semantic-space evaluation (VG-BERT §4.1-4.4)\n",
+              "Models (first = reference): " + ", ".join(f"**{n}** (`{m['source']}`)" for n, m in zip(names, cfg["models"]))
+              + ".\n",
+              f"SemCat: {len(semcat.categories)} categories, {len(semcat.words)} entries, {len(vocabulary)} vocabulary "
+              f"words. Embeddings: `[CLS] w [SEP]`, last layer averaged "
+              f"({'with' if cfg['embedding']['pool_special_tokens'] else 'without'} [CLS]/[SEP]), "
+              f"standardised by the statistics of the whole token vocabulary.\n"]
+        pcas = {}
+
+        # ---- §4.1 concreteness --------------------------------------------------------------
+        if "concreteness" in parts:
+            cp = cfg["concreteness_part"]
+            with timer("concreteness (§4.1)"):
+                res = {n: concreteness.concreteness_analysis(E(n, semcat.words), semcat.words, semcat.category_index,
+                                                             semcat.categories, ratings, cp["pca_fit_on"], cp["n_pcs"],
+                                                             cp["k_extremes"]) for n in names}
+                pcas = {n: r.pca for n, r in res.items()}
+                t1 = pd.DataFrame({"group": ["word-level", "category-level"],
+                                   **{n: [r.word_r, r.category_r] for n, r in res.items()},
+                                   **{f"paper {k}": list(v) for k, v in PAPER_TABLE1.items()}})
+                t1.to_csv(tmp / "table1_concreteness.csv", index=False)
+                pd.DataFrame([dict(model=n, word_r=r.word_r, word_p=r.word_p, category_r=r.category_r,
+                                   category_p=r.category_p, n_rated_entries=r.n_rated_entries, pc1_flipped=r.pc1_flipped,
+                                   **{f"evr_pc{i + 1}": v for i, v in enumerate(r.explained_variance_ratio)})
+                              for n, r in res.items()]).to_csv(tmp / "concreteness_stats.csv", index=False)
+                pd.concat([r.categories.assign(model=n) for n, r in res.items()]).to_csv(
+                    tmp / "concreteness_categories.csv", index=False)
+                ext = pd.concat([r.extremes.assign(model=n) for n, r in res.items()])
+                ext.to_csv(tmp / "principal_component_extremes.csv", index=False)
+                concreteness.plot_categories(res, tmp / "fig3_concreteness.png", cp["label_categories"])
+            n_rated = next(iter(res.values())).n_rated_entries
+            md += ["## Table 1: PC1 vs human concreteness (Pearson r)\n",
+                   f"{n_rated} rated SemCat entries; PC1 oriented so that concrete is positive.\n",
+                   markdown_table(t1), "", "![Fig. 3](fig3_concreteness.png)\n",
+                   f"### Top / bottom {cp['k_extremes']} words on the first {cp['n_pcs']} principal components\n"]
+            for n in names:
+                e_ = ext[ext.model == n]
+                rows = [dict(pc=pc, top=", ".join(g[g.end == "top"].word), bottom=", ".join(g[g.end == "bottom"].word))
+                        for pc, g in e_.groupby("pc")]
+                md += [f"**{n}**\n", markdown_table(pd.DataFrame(rows)), ""]
+
+        # ---- §4.2 property norms ------------------------------------------------------------
+        if "property_norms" in parts:
+            frames = {}
+            concept_texts = norms.concept_texts(pn["keep_sense"])
+            for n in names:
+                with timer(f"property norms (§4.2): {n}"):
+                    if n not in pcas:
+                        pcas[n] = concreteness.fit_pca(E(n, semcat.words))
+                    X = pcas[n].transform(E(n, concept_texts))
+                    if pn["n_components"]:
+                        X = X[:, : pn["n_components"]]
+                    t0 = time.perf_counter()
+                    fits = property_norms.fit_all_features(
+                        X, norms.labels, n_jobs=pn["n_jobs"], loo=pn["loo"], n_lambdas=pn["n_lambdas"],
+                        min_ratio=pn["lambda_min_ratio"], patience=pn["patience"])
+                    frames[n] = property_norms.results_frame(norms.features, norms.feature_types, fits,
+                                                             norms.labels.sum(0))
+                    print(f"[semantic_space]   {len(fits)} features, {X.shape[1]} dims, "
+                          f"{time.perf_counter() - t0:.1f} s of fitting", flush=True)
+            pd.concat([f.assign(model=n) for n, f in frames.items()]).to_csv(tmp / "property_norms_features.csv", index=False)
+            summary = property_norms.summarise(frames, "f1")
+            summary_loo = property_norms.summarise(frames, "loo_f1")
+            summary.to_csv(tmp / "property_norms_summary.csv", index=False)
+            summary_loo.to_csv(tmp / "property_norms_summary_loo_f1.csv", index=False)
+            property_norms.plot_f1_boxes(frames, summary, tmp / "fig4_property_norms_f1.png")
+            times = {n: timer.times[f"property norms (§4.2): {n}"] for n in names}
+            md += ["## Property norms (§4.2): F1 per feature type\n",
+                   f"{len(norms.features)} CSLB features (pf >= {pn['min_pf']}, >= {pn['min_concepts']} concepts), "
+                   f"{len(norms.concepts)} concepts; L1 logistic regression on principal-axis projections, lambda by "
+                   f"{pn['loo']} leave-one-out over {pn['n_lambdas']} values; F1 of the all-concept refit (Eq. 11). "
+                   "not_predictable = features with F1 = 0; p = one-sided Wilcoxon signed-rank test that the model "
+                   f"beats {names[0]}. Time: " + ", ".join(f"{n} {t:.0f} s" for n, t in times.items()) + ".\n",
+                   markdown_table(summary), "", "Out-of-sample view (F1 of the leave-one-out predictions):\n",
+                   markdown_table(summary_loo), "", "![Fig. 4](fig4_property_norms_f1.png)\n"]
+
+        # ---- §4.3 clustering ----------------------------------------------------------------
+        if "clustering" in parts:
+            with timer("clustering (§4.3)"):
+                sil = {n: clustering.category_silhouettes(E(n, semcat.words), semcat.category_index, semcat.categories)
+                       for n in names}
+                summary_c, gains = clustering.compare(sil, cfg["clustering_part"]["top_k"])
+                pd.DataFrame(sil).rename_axis("category").to_csv(tmp / "silhouettes.csv")
+                summary_c.to_csv(tmp / "silhouette_summary.csv", index=False)
+                gains.to_csv(tmp / "silhouette_top_gains.csv", index=False)
+                clustering.plot(sil, gains, tmp / "fig5_silhouettes.png")
+            md += ["## Category clustering (§4.3): modified silhouette (Eqs. 12-14)\n",
+                   markdown_table(summary_c), ""]
+            if len(gains):
+                md += [f"Top categories gained relative to {names[0]}:\n", markdown_table(gains), ""]
+            md += ["![Fig. 5](fig5_silhouettes.png)\n"]
+
+        # ---- §4.4 composition ---------------------------------------------------------------
+        if "composition" in parts:
+            with timer("composition (§4.4)"):
+                tables = {n: composition.query_ranks(E(n, queries), E(n, targets), E(n, vocabulary), queries, targets,
+                                                     vocabulary) for n in names}
+                t2 = pd.DataFrame({"query": queries, "target": targets})
+                for n, t in tables.items():
+                    t2[f"{n} cosine"] = t.cosine.round(2)
+                    t2[f"{n} rank"] = t["rank"]
+                paper = [q.get("paper") for q in comp["queries"]]
+                if all(p is not None for p in paper):
+                    t2["paper Bert (cos, rank)"] = [f"{p[0][0]:.2f}, {p[0][1]}" for p in paper]
+                    t2["paper Grounded"] = [f"{p[1][0]:.2f}, {p[1][1]}" for p in paper]
+                    t2["paper Relational"] = [f"{p[2][0]:.2f}, {p[2][1]}" for p in paper]
+                t2.to_csv(tmp / "table2_composition.csv", index=False)
+                nb = pd.concat([composition.neighbours(E(n, comp["neighbour_queries"]), comp["neighbour_queries"],
+                                                       E(n, vocabulary), vocabulary, comp["k"]).assign(model=n)
+                                for n in names])
+                nb.to_csv(tmp / "neighbours.csv", index=False)
+                slope_files = []
+                target_of = dict(zip(queries, targets))
+                for q in comp["slope_queries"]:
+                    for n in names[1:]:
+                        rt = composition.rank_table(E(names[0], [q])[0], E(n, [q])[0], E(names[0], vocabulary),
+                                                    E(n, vocabulary), vocabulary, target_of.get(q), comp["slope_top_n"])
+                        stem = f"slope_{q.replace(' ', '_')}_{_safe(n)}"
+                        rt.to_csv(tmp / f"{stem}.csv", index=False)
+                        composition.plot_slope(rt, q, (names[0], n), tmp / f"{stem}.png", target_of.get(q))
+                        slope_files.append(stem)
+            md += [f"## Table 2: compositional queries (cosine, rank among {len(vocabulary)} words)\n",
+                   markdown_table(t2), "", f"### Top-{comp['k']} neighbours (Tables 8-11)\n"]
+            wide = nb.groupby(["query", "model"], sort=False).word.agg(", ".join).unstack("model")[names]
+            md += [markdown_table(wide.reset_index()), ""]
+            md += [f"![slope chart]({s}.png)\n" for s in slope_files]
+
+        timings = {k: round(v, 2) for k, v in timer.times.items()}
+        md += ["## Timings (seconds)\n", markdown_table(pd.DataFrame({"part": list(timings), "seconds": list(timings.values())})), ""]
+        (tmp / "report.md").write_text("\n".join(md) + "\n")
+        (tmp / "timings.json").write_text(json.dumps(timings, indent=1))
+        import yaml
+
+        (tmp / "config.yaml").write_text(yaml.safe_dump(
+            {**cfg, "identities": {n: emb[n]["identity"] for n in names}}, sort_keys=False))
+    print(f"[semantic_space] report written to {out}", flush=True)
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

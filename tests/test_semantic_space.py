@@ -1,0 +1,259 @@
+"""Semantic-space evaluation (VG-BERT §4.1-4.4): math against hand computations, loaders' errors,
+embeddings' vocabulary standardisation and checkpoint loading, and one real-data check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from data_modules import lexical
+from grounding.semantic_space import clustering, composition, concreteness, property_norms
+from grounding.semantic_space.embeddings import (LanguageStream, LanguageStreamError, WordEmbedder,
+                                                  detect_bert_prefix, load_language_stream)
+
+
+# --------------------------------------------------------------------------------------------
+# Clustering: Eqs. 12-14 against a loop over the definitions
+# --------------------------------------------------------------------------------------------
+def _silhouette_by_hand(x, k):
+    d = lambda i, j: 1 - x[i] @ x[j] / np.linalg.norm(x[i]) / np.linalg.norm(x[j])  # noqa: E731
+    cats = sorted(set(k))
+    out = []
+    for i in range(len(x)):
+        own = [j for j in range(len(x)) if k[j] == k[i] and j != i]
+        a = np.mean([d(i, j) for j in own])
+        b = np.mean([np.mean([d(i, j) for j in range(len(x)) if k[j] == c]) for c in cats if c != k[i]])
+        out.append((b - a) / max(a, b))
+    return np.array(out)
+
+
+def test_modified_silhouette_matches_hand_computation():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(11, 4))
+    k = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    np.testing.assert_allclose(clustering.modified_silhouette(x, k), _silhouette_by_hand(x, k), atol=1e-12)
+    # A tiny case by hand: two tight orthogonal pairs -> a = 0, b = 1, s = 1.
+    x2 = np.array([[1.0, 0], [2.0, 0], [0, 1.0], [0, 3.0]])
+    np.testing.assert_allclose(clustering.modified_silhouette(x2, np.array([0, 0, 1, 1])), 1.0)
+    per_cat = clustering.category_silhouettes(x, k, ["a", "b", "c"])
+    np.testing.assert_allclose(per_cat["b"], _silhouette_by_hand(x, k)[3:7].mean())
+
+
+def test_silhouette_uses_mean_not_min_over_other_categories():
+    # Category 2 is close to category 0: the min rule would give b ~ small; the mean rule averages.
+    x = np.array([[1, 0, 0], [1, 0.1, 0], [0, 1, 0], [0, 1, 0.1], [1, 0, 0.05], [1, 0.05, 0]], float)
+    k = np.array([0, 0, 1, 1, 2, 2])
+    s = clustering.modified_silhouette(x, k)
+    np.testing.assert_allclose(s, _silhouette_by_hand(x, k), atol=1e-12)
+    assert s[0] > 0  # with the minimum, entry 0 would be negative (category 2 is closer than its own)
+
+
+# --------------------------------------------------------------------------------------------
+# Concreteness: PC1 sign rule and correlations
+# --------------------------------------------------------------------------------------------
+def test_pc1_sign_makes_concrete_positive():
+    scores = np.array([[1.0, 5], [2, 4], [3, 3], [4, 2]])
+    ratings = np.array([4.0, 3.0, np.nan, 1.0])       # decreasing with column 0: flip
+    out, flipped = concreteness.orient_pc1(scores, ratings)
+    assert flipped and np.array_equal(out[:, 0], -scores[:, 0]) and np.array_equal(out[:, 1], scores[:, 1])
+    out2, flipped2 = concreteness.orient_pc1(scores, -ratings)
+    assert not flipped2 and np.array_equal(out2, scores)
+
+
+def test_concreteness_analysis_on_planted_axis():
+    rng = np.random.default_rng(1)
+    n_cat, per = 6, 20
+    conc_cat = np.linspace(1.5, 4.8, n_cat)
+    words = [f"w{i}" for i in range(n_cat * per)]
+    k = np.repeat(np.arange(n_cat), per)
+    rating = conc_cat[k] + rng.normal(0, 0.2, len(k))
+    emb = rng.normal(0, 0.3, (len(k), 8))
+    emb[:, 3] += -4 * rating          # the dominant direction, anti-aligned with concreteness
+    ratings = {w: r for w, r in zip(words, rating)}
+    res = concreteness.concreteness_analysis(emb, words, k, [f"c{i}" for i in range(n_cat)], ratings)
+    assert res.pc1_flipped in (True, False) and res.word_r > 0.95 and res.category_r > 0.99
+    ref = np.corrcoef(res.entry_scores[:, 0], rating)[0, 1]
+    assert res.word_r == pytest.approx(ref)
+    assert set(res.extremes.pc) == set(range(1, 7))
+
+
+# --------------------------------------------------------------------------------------------
+# Property norms: LOO lambda selection (our reading of Eqs. 9-10)
+# --------------------------------------------------------------------------------------------
+def _toy(separable: bool, n=40, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = (X[:, 0] > 0.3).astype(int) if separable else rng.integers(0, 2, n)
+    if separable:
+        X[:, 0] += np.where(y == 1, 1.5, -1.5)    # a wide margin
+    return X, y
+
+
+def test_loo_picks_smallest_lambda_when_separable_and_largest_for_noise():
+    X, y = _toy(separable=True)
+    lams = property_norms.lambda_grid(X, y, n_lambdas=6, min_ratio=1e-3)
+    fit = property_norms.fit_feature(X, y, lams, loo="exact", patience=None)
+    assert fit.best == len(lams) - 1 and fit.f1 == 1.0 and fit.loo_f1 == 1.0
+    Xn, yn = _toy(separable=False, n=200, seed=3)
+    lams_n = property_norms.lambda_grid(Xn, yn, n_lambdas=6, min_ratio=1e-2)
+    fit_n = property_norms.fit_feature(Xn, yn, lams_n, loo="exact", patience=None)
+    assert fit_n.best == 0 and fit_n.n_active == 0
+
+
+def test_lambda_max_zeroes_the_weights_and_approximate_loo_tracks_exact():
+    X, y = _toy(separable=False, n=60, d=4, seed=5)
+    y = ((X[:, 1] + 0.8 * np.random.default_rng(2).normal(size=60)) > 0).astype(int)
+    lams = property_norms.lambda_grid(X, y, n_lambdas=5, min_ratio=0.05)
+    w, _ = property_norms._fit(X, y, lams[0] * 1.01, tol=1e-8)
+    assert np.count_nonzero(w) == 0
+    w, b = property_norms._fit(X, y, lams[2], tol=1e-8)
+    approx = property_norms.approximate_loo_margins(X, y, w, b)
+    exact = property_norms.exact_loo_margins(X, y, lams[2], tol=1e-8)
+    assert np.corrcoef(approx, exact)[0, 1] > 0.99
+    assert np.abs(approx - exact).max() < 0.15
+
+
+def test_balanced_loss_and_one_sided_wilcoxon():
+    y = np.array([1, 0, 0, 0])
+    m = np.array([0.0, 0.0, 0.0, 0.0])
+    assert property_norms.balanced_loo_loss(m, y) == pytest.approx(2 * np.log(2))
+    from scipy import stats
+
+    a, b = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.0]), np.array([0.3, 0.5, 0.4, 0.9, 0.6, 0.0])
+    assert property_norms.one_sided_wilcoxon(a, b) == pytest.approx(stats.wilcoxon(b, a, alternative="greater").pvalue)
+    assert np.isnan(property_norms.one_sided_wilcoxon(a, a))
+
+
+# --------------------------------------------------------------------------------------------
+# Composition
+# --------------------------------------------------------------------------------------------
+def test_query_rank_and_neighbours():
+    vocab = ["zebra", "horse", "stripe", "car"]
+    V = np.array([[1.0, 1, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    q = np.array([[1.0, 0.9, 0]])
+    t = composition.query_ranks(q, V[:1], V, ["striped horse"], ["zebra"], vocab)
+    assert t["rank"][0] == 1 and t.cosine[0] == pytest.approx(1.9 / np.sqrt(2) / np.sqrt(1.81))
+    nb = composition.neighbours(V[1:2], ["horse"], V, vocab, k=2)
+    assert list(nb.word) == ["zebra", "stripe"]  # the query itself is excluded
+
+
+# --------------------------------------------------------------------------------------------
+# Embeddings: vocabulary standardisation, caching, checkpoints
+# --------------------------------------------------------------------------------------------
+@pytest.fixture()
+def small_stream(monkeypatch, tmp_path):
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    from transformers import BertConfig, BertModel
+
+    from grounding.encoders import load_tokenizer
+
+    tok = load_tokenizer("tiny-random")
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=16, max_position_embeddings=32), add_pooling_layer=False).eval()
+    return LanguageStream("small", "test", model, tok, {"test": "small"})
+
+
+def test_standardisation_uses_vocabulary_statistics(small_stream):
+    emb = WordEmbedder(small_stream, batch_size=64)
+    mean, std = emb.vocabulary_stats()
+    tok, n = small_stream.tokenizer, small_stream.model.get_input_embeddings().num_embeddings
+    ids = torch.arange(n)[:, None]
+    seq = torch.cat([torch.full_like(ids, tok.cls_token_id), ids, torch.full_like(ids, tok.sep_token_id)], 1)
+    with torch.no_grad():
+        ref = small_stream.model(input_ids=seq).last_hidden_state.mean(1).double().numpy()  # [CLS],[SEP] included
+    np.testing.assert_allclose(mean, ref.mean(0), atol=1e-5)
+    np.testing.assert_allclose(std, ref.std(0), rtol=1e-4)
+    words = ["zebra", "striped horse"]
+    enc = tok(words, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = small_stream.model(**enc).last_hidden_state
+    m = enc["attention_mask"].unsqueeze(-1).float()
+    raw = ((h * m).sum(1) / m.sum(1)).numpy()
+    np.testing.assert_allclose(emb.embed(words), (raw - mean) / std, rtol=1e-4, atol=1e-4)
+    # The cache returns the same vectors in a fresh embedder.
+    again = WordEmbedder(small_stream)
+    assert (again.cache_folder / "embeddings.npz").is_file()
+    np.testing.assert_allclose(again.embed(words), emb.embed(words), atol=1e-6)
+
+
+def test_checkpoint_language_stream_prefix_detection(tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    ref = load_language_stream("tiny-random", seed=7)
+    state = {f"language_stream.bert.{k}": v.clone() for k, v in ref.model.state_dict().items()}
+    state["visual_stream.conv.weight"] = torch.zeros(2)
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": state, "hyper_parameters": {"text_encoder": "tiny-random"}}, path)
+    assert detect_bert_prefix(state) == "language_stream.bert."
+    loaded = load_language_stream(str(path))
+    assert loaded.identity["prefix"] == "language_stream.bert." and loaded.name == "model"
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[k], v)
+    state2 = {**state, "teacher.embeddings.word_embeddings.weight": torch.zeros(1)}
+    with pytest.raises(LanguageStreamError, match="several BERT-like modules"):
+        detect_bert_prefix(state2)
+    with pytest.raises(LanguageStreamError, match="does not exist"):
+        load_language_stream(str(tmp_path / "missing.ckpt"))
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------------
+def test_loaders_parse_and_explain_errors(tmp_path):
+    sem = tmp_path / "semcat"
+    sem.mkdir()
+    (sem / "animal-3.txt").write_text("zebra\nhorse\nPanda\n")
+    (sem / "car-2.txt").write_text("car\nhorse\n")
+    s = lexical.load_semcat(sem)
+    assert s.categories == ["animal", "car"] and s.words[2] == "panda" and s.vocabulary == ["zebra", "horse", "panda", "car"]
+    (sem / "bad-5.txt").write_text("one\n")
+    with pytest.raises(lexical.LexicalDataError, match="holds 1 words but its name says 5"):
+        lexical.load_semcat(sem)
+    with pytest.raises(lexical.LexicalDataError, match="SemCat folder not found"):
+        lexical.load_semcat(tmp_path / "nope")
+
+    conc = tmp_path / "conc.txt"
+    conc.write_text("Word\tBigram\tConc.M\tConc.SD\nZebra\t0\t4.9\t0.3\nbaking soda\t1\t5\t0\n")
+    assert lexical.load_concreteness(conc) == {"zebra": 4.9, "baking soda": 5.0}
+    conc.write_text("Word\tConcreteness\nzebra\t4.9\n")
+    with pytest.raises(lexical.LexicalDataError, match=r"columns \['Word', 'Bigram', 'Conc.M'\]"):
+        lexical.load_concreteness(conc)
+
+    norms = tmp_path / "norms.dat"
+    head = "domain\tfeature type\tconcept\tfeature\tpf\tfeature alternatives\tparticipant list\n"
+    rows = [f"living\tvisual perceptual\tc{i}\thas stripes\t{6 if i < 5 else 3}\tx\tp 1\n" for i in range(8)]
+    rows += ["living\ttaxonomic\tbat_(animal)\tis an animal\t9\tx\tp\n"]
+    norms.write_text(head + "".join(rows))
+    n = lexical.load_cslb_norms(norms)
+    assert n.features == ["has stripes"] and n.labels.sum() == 5 and n.labels.shape == (9, 1)
+    assert n.concept_texts()[0] == "bat" and n.concept_texts(keep_sense=True)[0] == "bat animal"
+    norms.write_text(head + "living\tvisual perceptual\tc0\thas x\tmany\tx\tp\n")
+    with pytest.raises(lexical.LexicalDataError, match="integer pf"):
+        lexical.load_cslb_norms(norms)
+    with pytest.raises(lexical.LexicalDataError, match="CSLB norms file not found"):
+        lexical.load_cslb_norms(tmp_path / "missing.dat")
+
+
+# --------------------------------------------------------------------------------------------
+# Real data
+# --------------------------------------------------------------------------------------------
+@pytest.mark.shared_data
+def test_concreteness_end_to_end_on_semcat_subset(shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    semcat = lexical.load_semcat(shared_data / "semcat").subset(
+        ["animal", "emotions", "car", "math", "birds", "virtues"], max_words_per_category=12)
+    ratings = lexical.load_concreteness(lexical.default_path("concreteness", shared_data))
+    norms = lexical.load_cslb_norms(lexical.default_path("cslb", shared_data))
+    assert norms.labels.shape == (638, 390)  # the paper's 390 features
+    stream = load_language_stream("tiny-random")
+    emb = WordEmbedder(stream, cache=False)
+    d = stream.model.config.hidden_size
+    emb._stats = (np.zeros(d, np.float32), np.ones(d, np.float32))  # vocabulary statistics are tested above
+    x = emb.embed(semcat.words)
+    res = concreteness.concreteness_analysis(x, semcat.words, semcat.category_index, semcat.categories, ratings)
+    assert res.n_rated_entries > 50 and res.word_r >= 0 and -1 <= res.category_r <= 1
+    assert len(res.categories) == 6 and res.categories.mean_concreteness.between(1, 5).all()
+    # Concrete categories are rated above abstract ones (a sanity check on the loader join).
+    c = res.categories.set_index("category").mean_concreteness
+    assert c["animal"] > c["emotions"] and c["car"] > c["virtues"]
