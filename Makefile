@@ -23,7 +23,7 @@ SEED ?= 0
 CLI := $(PY) -m grounding
 
 .PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline \
-        semclip-lists ste ste-report demo-composer demo-semclip evaluate
+        semclip-lists ste ste-report demo-composer demo-semclip evaluate demo-evaluate
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -70,7 +70,7 @@ test: install  ## run the test suite (CPU, tiny generated data; reads ../shared/
 world: install  ## generate the embedded world (WORLD, WORLD_IMAGES, WORLD_SIZE, SEED)
 	$(PY) -m data_modules.synthetic --out $(WORLD) --images $(WORLD_IMAGES) --seed $(SEED) --size $(WORLD_SIZE)
 
-DEMO_STEPS := world stage1 baseline stage2 stage3 demo-composer demo-semclip
+DEMO_STEPS := world stage1 baseline stage2 stage3 demo-evaluate demo-composer demo-semclip
 # The baseline is a comparison, not a link of the chain: the demo gives it 3 epochs to stay in 15 min.
 demo: export BASELINE_ARGS = --trainer.max_epochs 3
 
@@ -113,6 +113,9 @@ mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fi
 EVALUATE_CONFIG ?= experiments/semantic_space/minilm.yaml
 evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silhouettes, figures) for the models in EVALUATE_CONFIG
 	$(PY) -m grounding.semantic_space --config $(EVALUATE_CONFIG) --out reports/semantic_space $(EVALUATE_ARGS)
+
+demo-evaluate: install  ## semantic-space report on the demo's stage-1/stage-2 checkpoints vs MiniLM (reports/semantic_space_demo)
+	$(PY) -m grounding.semantic_space --config experiments/semantic_space/demo.yaml $(EVALUATE_ARGS)
 
 semclip-lists: install  ## SemCLIP: WordNet similarity lists for every noun lemma (~1.5 min)
 	$(PY) -m grounding.semclip build-lists --out data/semclip/similarity_lists_wordnet.npz

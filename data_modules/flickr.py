@@ -15,6 +15,7 @@ from pathlib import Path
 from .common import (IMAGENET_MEAN, IMAGENET_STD, WORLD_HINT, CaptionDataModule, CaptionSplit, MalformedDataError,
                      MissingDataError, group_captions, karpathy_entries, karpathy_sentences, karpathy_split,
                      require_file, resolve)
+from .formats import read_flickr_token_pairs
 
 FLICKR_LAYOUT = """\
   Karpathy format:  <root>/dataset_flickr30k.json (or dataset_flickr8k.json) + <root>/<image_dir>/<filename>.jpg
@@ -36,22 +37,7 @@ FLICKR_HINT = (f"point root at your Flickr folder (and set karpathy_file or capt
 
 def read_token_file(path: Path, dataset: str = "Flickr") -> dict[str, list[str]]:
     """``<file>#<i><TAB><caption>`` lines -> file name -> captions (in file order)."""
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n\r")
-            if not line.strip():
-                continue
-            key, sep, caption = line.partition("\t")
-            name, hash_, idx = key.rpartition("#")
-            if not sep or not hash_ or not name or not idx.strip().isdigit():
-                raise MalformedDataError(
-                    f"{dataset}: {path} line {lineno} is malformed: {line[:120]!r}.\n"
-                    "Expected: '<image file>#<caption number><TAB><caption>', e.g. "
-                    "'1000268201_693b08cb0e.jpg#0\\tA child in a pink dress ...'.\n"
-                    f"Fix: {FLICKR_HINT}.")
-            pairs.append((name.strip(), caption))
-    return group_captions(pairs)
+    return group_captions(read_flickr_token_pairs(path, MalformedDataError, FLICKR_HINT, dataset))
 
 
 def read_split_list(path: Path) -> list[str]:

@@ -738,3 +738,17 @@ def test_trainer_epochs_sample_captions_reproducibly(tmp_path):
     assert all(sorted(i for i, _ in ep) == list(range(5)) for ep in by_epoch)
     assert by_epoch[0] != by_epoch[1] != by_epoch[2]
     assert a.val_captions == 10 * (3 + 1)  # 2 val images x 5 captions, every epoch plus the sanity check
+
+
+def test_malformed_flickr_token_line_names_file_line_and_format(tmp_path):
+    from data_modules.common import MalformedDataError
+    from data_modules.flickr import read_token_file
+
+    f = tmp_path / "Flickr8k.token.txt"
+    f.write_text("a.jpg#0\tA dog runs .\na.jpg#1\tA dog .\nb.jpg A cat sits .\n")
+    with pytest.raises(MalformedDataError) as e:
+        read_token_file(f)
+    msg = str(e.value)
+    assert f"{f}:3" in msg and "<caption number><TAB><caption>" in msg and "Fix:" in msg
+    f.write_text("a.jpg#0\tA dog runs .\na.jpg#1\t A dog . \n\nb.jpg#0\tA cat .\n")
+    assert read_token_file(f) == {"a.jpg": ["A dog runs .", "A dog ."], "b.jpg": ["A cat ."]}

@@ -197,6 +197,62 @@ def test_checkpoint_language_stream_prefix_detection(tmp_path, monkeypatch):
         load_language_stream(str(tmp_path / "missing.ckpt"))
 
 
+def test_vocabulary_sample_statistics_come_from_the_sampled_ids(small_stream):
+    emb = WordEmbedder(small_stream, batch_size=64, vocabulary_sample=50, seed=3)
+    mean, std = emb.vocabulary_stats()
+    tok, n = small_stream.tokenizer, small_stream.model.get_input_embeddings().num_embeddings
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(3))[:50].sort().values[:, None]
+    seq = torch.cat([torch.full_like(ids, tok.cls_token_id), ids, torch.full_like(ids, tok.sep_token_id)], 1)
+    with torch.no_grad():
+        ref = small_stream.model(input_ids=seq).last_hidden_state.mean(1).double().numpy()
+    np.testing.assert_allclose(mean, ref.mean(0), atol=1e-5)
+    np.testing.assert_allclose(std, ref.std(0), rtol=1e-4)
+    # Sampled and full statistics are cached under different names: neither is mistaken for the other.
+    full = WordEmbedder(small_stream, batch_size=64)
+    assert not np.allclose(full.vocabulary_stats()[0], mean)
+    assert {p.name for p in emb.cache_folder.glob("vocab_stats*.npz")} == {"vocab_stats.npz", "vocab_stats_sample50_seed3.npz"}
+
+
+def test_language_stream_of_a_real_suite_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint written by Lightning for a VG-BERT stage loads as that stage's BERT (prefix
+    ``model.language.bert.`` found automatically, architecture from the saved hyperparameters)."""
+    import lightning as L
+
+    from grounding.vgbert.pretrain import GroundingPretrain
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    module = GroundingPretrain(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
+                               trainable_layers=1, image_size=32, feature_cache=False)
+    with torch.no_grad():  # make the BERT differ from a fresh tiny-random one
+        module.model.language.bert.embeddings.word_embeddings.weight.add_(1.0)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.strategy.connect(module)
+    path = tmp_path / "stage1.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = load_language_stream(str(path), "Grounded")
+    assert loaded.identity["prefix"] == "model.language.bert." and loaded.identity["arch"] == "tiny-random"
+    expected = module.model.language.bert.state_dict()
+    for k, v in loaded.model.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    # Its embeddings differ from the ungrounded encoder's (the report compares real weights).
+    ungrounded = WordEmbedder(load_language_stream("tiny-random"), cache=False).raw(["zebra"])
+    assert not np.allclose(WordEmbedder(loaded, cache=False).raw(["zebra"]), ungrounded)
+
+
+def test_report_configs_name_only_known_options():
+    import yaml
+
+    from grounding.paths import EXPERIMENTS_DIR
+    from grounding.semantic_space.report import merge_config
+
+    paths = sorted((EXPERIMENTS_DIR / "semantic_space").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"minilm", "vgbert", "demo"}
+    for p in paths:
+        cfg = merge_config(yaml.safe_load(p.read_text())["semantic_space"])
+        assert len(cfg["models"]) >= 2, p
+
+
 # --------------------------------------------------------------------------------------------
 # Loaders
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from data_modules.formats import read_flickr_token_pairs
+
 
 class CaptionFileError(ValueError):
     """A caption file is not in any supported layout; the message names file and fix."""
@@ -90,16 +92,7 @@ def _from_pairs(pairs: list[tuple[str, str]], source: str, dataset: str, splits:
 def read_flickr_tokens(path: str | Path) -> CaptionSet:
     """``image.jpg#i<TAB>caption`` lines (Flickr8k ``Flickr8k.token.txt``, Flickr30K ``results_20130124.token``)."""
     path = Path(path)
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            key, sep, caption = line.partition("\t")
-            if not sep or "#" not in key:
-                raise CaptionFileError(f"{path}:{lineno}: expected 'image.jpg#i<TAB>caption', got {line[:80]!r}")
-            pairs.append((key.rsplit("#", 1)[0], caption.strip()))
+    pairs = read_flickr_token_pairs(path, CaptionFileError)
     lower = path.name.lower()
     dataset = "flickr8k" if "8k" in lower else "flickr30k" if ("30k" in lower or lower.startswith("results_2013")) else "flickr"
     return _from_pairs(pairs, str(path), dataset)

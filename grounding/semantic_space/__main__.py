@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-jobs", type=int, dest="n_jobs", help="processes for the property-norm fits")
     p.add_argument("--loo", choices=["approx", "exact"], help="leave-one-out for the lambda choice")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
+    p.add_argument("--vocabulary-sample", type=int, dest="vocabulary_sample",
+                   help="standardise with the statistics of a seeded sample of this many token ids (default: all, App. B)")
+    p.add_argument("--n-components", type=int, dest="n_components",
+                   help="PCA dimensions the property-norm classifiers see (default: all)")
     return p
 
 
@@ -66,10 +70,17 @@ def config_from_args(args: argparse.Namespace) -> dict:
         pn["n_jobs"] = args.n_jobs
     if args.loo:
         pn["loo"] = args.loo
+    if args.n_components is not None:
+        pn["n_components"] = args.n_components
     if pn:
         cfg["property_norms_part"] = pn
+    emb = dict(cfg.get("embedding") or {})
     if args.no_cache:
-        cfg["embedding"] = {**(cfg.get("embedding") or {}), "cache": False}
+        emb["cache"] = False
+    if args.vocabulary_sample is not None:
+        emb["vocabulary_sample"] = args.vocabulary_sample
+    if emb:
+        cfg["embedding"] = emb
     return cfg
 
 

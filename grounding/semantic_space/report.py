@@ -43,7 +43,8 @@ DEFAULTS: dict = {
     "vocabulary": None,           # word-list file for composition/neighbours (default: unique SemCat words)
     "out": "reports/semantic_space",
     "parts": list(PARTS),
-    "embedding": {"batch_size": 256, "pool_special_tokens": True, "max_length": 32, "cache": True},
+    "embedding": {"batch_size": 256, "pool_special_tokens": True, "max_length": 32, "cache": True,
+                  "vocabulary_sample": None},  # None: statistics over the whole token vocabulary (App. B)
     "semcat_subset": {"categories": None, "max_words_per_category": None},
     "concreteness_part": {"pca_fit_on": "entries", "n_pcs": 6, "k_extremes": 10,
                           "label_categories": ["emotions", "big", "country", "sciences", "math", "people",
@@ -172,7 +173,8 @@ def run_report(config: dict) -> Path:
         with timer(f"embed: {name}"):
             stream = load_language_stream(spec["source"], name, spec["prefix"], spec["text_encoder"], spec["tokenizer"])
             e = cfg["embedding"]
-            embedder = WordEmbedder(stream, e["batch_size"], e["pool_special_tokens"], e["max_length"], e["cache"])
+            embedder = WordEmbedder(stream, e["batch_size"], e["pool_special_tokens"], e["max_length"], e["cache"],
+                                    vocabulary_sample=e["vocabulary_sample"])
             texts = list(dict.fromkeys(semcat.words + vocabulary + queries + targets + comp["neighbour_queries"]
                                        + comp["slope_queries"]
                                        + (norms.concept_texts(pn["keep_sense"]) if norms is not None else [])))
@@ -192,7 +194,9 @@ def run_report(config: dict) -> Path:
               f"SemCat: {len(semcat.categories)} categories, {len(semcat.words)} entries, {len(vocabulary)} vocabulary "
               f"words. Embeddings: `[CLS] w [SEP]`, last layer averaged "
               f"({'with' if cfg['embedding']['pool_special_tokens'] else 'without'} [CLS]/[SEP]), "
-              f"standardised by the statistics of the whole token vocabulary.\n"]
+              "standardised by the statistics of "
+              + (f"a seeded sample of {cfg['embedding']['vocabulary_sample']} token-vocabulary ids.\n"
+                 if cfg["embedding"]["vocabulary_sample"] else "the whole token vocabulary.\n")]
         pcas = {}
 
         # ---- §4.1 concreteness --------------------------------------------------------------
@@ -255,7 +259,9 @@ def run_report(config: dict) -> Path:
             times = {n: timer.times[f"property norms (§4.2): {n}"] for n in names}
             md += ["## Property norms (§4.2): F1 per feature type\n",
                    f"{len(norms.features)} CSLB features (pf >= {pn['min_pf']}, >= {pn['min_concepts']} concepts), "
-                   f"{len(norms.concepts)} concepts; L1 logistic regression on principal-axis projections, lambda by "
+                   f"{len(norms.concepts)} concepts; L1 logistic regression on "
+                   + (f"the first {pn['n_components']} principal-axis projections" if pn["n_components"] else
+                      "all principal-axis projections") + ", lambda by "
                    f"{pn['loo']} leave-one-out over {pn['n_lambdas']} values; F1 of the all-concept refit (Eq. 11). "
                    "not_predictable = features with F1 = 0; p = one-sided Wilcoxon signed-rank test that the model "
                    f"beats {names[0]}. Time: " + ", ".join(f"{n} {t:.0f} s" for n, t in times.items()) + ".\n",
