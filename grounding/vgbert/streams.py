@@ -1,8 +1,9 @@
 """VG-BERT's two stand-alone streams (paper §3.1, App. A.2).
 
-* :class:`VisualStream`: frozen CNN feature map -> 1x1 linear embedder to the text width ->
-  learnable 2D positional encoding -> one transformer self-attention layer. It accepts images or
-  precomputed backbone feature maps (the frozen-backbone feature cache feeds the latter).
+* :class:`VisualStream`: frozen CNN feature map -> 1x1 linear embedder to the text width (layer-
+  normalised) -> learnable 2D positional encoding on a comparable scale -> one transformer
+  self-attention layer. It accepts images or precomputed backbone feature maps (the
+  frozen-backbone feature cache feeds the latter).
 * :class:`LanguageStream`: a BERT whose top ``trainable_layers`` layers are refined, optionally with
   the query/key projections of every layer frozen (App. A.2: keep the pretrained syntactic
   attention, refine the value path that carries word meaning).
@@ -45,10 +46,12 @@ class VisualStream(nn.Module):
         dropout: dropout of the self-attention layer (attention weights, FFN and residual paths).
         image_size: the input crop size; with the backbone stride it sets the positional grid
             (a map of another size interpolates the encoding bilinearly).
+        position_std: initial std of the positional encoding, relative to the layer-normalised
+            content (unit scale per dimension).
     """
 
     def __init__(self, width: int = 768, backbone: str = "vgg16", backbone_weights: str | None = "default",
-                 num_heads: int = 12, dropout: float = 0.1, image_size: int = 224):
+                 num_heads: int = 12, dropout: float = 0.1, image_size: int = 224, position_std: float = 0.5):
         super().__init__()
         check_heads(width, num_heads, "VisualStream")
         self.backbone = load_visual_backbone(backbone, weights=backbone_weights, freeze=True)
@@ -58,8 +61,15 @@ class VisualStream(nn.Module):
         self.grid_size = (side, side)
         # A 1x1 convolution is a per-location linear map: the paper's "linear transformation as an embedder".
         self.embedder = nn.Linear(self.backbone.out_channels, width)
+        # Content and position on comparable scales (BERT: token and position embeddings alike): the embedded
+        # features are layer-normalised (per-dimension unit scale, whatever the backbone's magnitude)
+        # and the learnable PE(x, y) (App. A.1) starts at half that (std 0.5). With std 0.02 the encoding
+        # was ~20x smaller than the content (norm 0.4 vs 9 with EfficientNet-Lite0), a short run could
+        # not grow it, and grounded objects carried no location: stage-2 spatial relations stayed at
+        # the majority class (README, stage 2).
+        self.embed_norm = nn.LayerNorm(width)
         self.position = nn.Parameter(torch.zeros(side, side, width))
-        nn.init.trunc_normal_(self.position, std=0.02)
+        nn.init.trunc_normal_(self.position, std=position_std, a=-2 * position_std, b=2 * position_std)
         # One Transformer encoder layer [Vaswani et al.]: 12 heads, FFN 4d, post-norm.
         self.attention = nn.TransformerEncoderLayer(width, num_heads, dim_feedforward=4 * width, dropout=dropout,
                                                     batch_first=True)
@@ -88,7 +98,7 @@ class VisualStream(nn.Module):
             raise ValueError(f"VisualStream ({self.backbone_name}) expects feature maps (B,{self.in_channels},h,w); "
                              f"got shape {tuple(features.shape)}. Was the feature cache built with another backbone?")
         b, _, h, w = features.shape
-        x = self.embedder(features.to(self.embedder.weight.dtype).permute(0, 2, 3, 1))  # B,h,w,d
+        x = self.embed_norm(self.embedder(features.to(self.embedder.weight.dtype).permute(0, 2, 3, 1)))  # B,h,w,d
         x = x + self.positional_encoding(h, w)
         x = self.attention(x.reshape(b, h * w, self.width))
         return x.reshape(b, h, w, self.width)
