@@ -23,7 +23,7 @@ SEED ?= 0
 CLI := $(PY) -m grounding
 
 .PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline \
-        semclip-lists ste ste-report demo-composer demo-semclip evaluate demo-evaluate
+        semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -131,9 +131,24 @@ demo-composer: install  ## COMPOSER on the embedded world: its Concept & Relatio
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
 
-demo-semclip: install  ## SemCLIP at tiny scale: STE on a WordNet subset, exported, with its report
-	$(CLI) fit --config experiments/semclip/ste_tiny.yaml --trainer.default_root_dir outputs/semclip/ste_tiny
-	$(PY) -m grounding.semclip report --ste outputs/semclip/ste_tiny/embedding --out reports/semclip/ste_tiny --encoders
+# SemCLIP on the world: a world STE, then Γ_t aligning the suite's baseline VLM to it, then Tables 3-4.
+SEMCLIP_STE_CONFIG ?= experiments/semclip/ste_world.yaml
+SEMCLIP_STE_OUT ?= outputs/semclip/ste_world
+SEMCLIP_CONFIG ?= experiments/semclip/align_world.yaml
+SEMCLIP_OUT ?= outputs/semclip/align_world
+SEMCLIP_VLM ?= suite:$(BASELINE_OUT)/checkpoints/last.ckpt
+semclip: install  ## SemCLIP: world STE, alignment transform on the baseline VLM (SEMCLIP_VLM=), stability + retrieval report
+	$(CLI) fit --config $(SEMCLIP_STE_CONFIG) --trainer.default_root_dir $(SEMCLIP_STE_OUT) \
+	  --model.init_args.export_dir $(SEMCLIP_STE_OUT)/embedding
+	$(CLI) fit --config $(SEMCLIP_CONFIG) --trainer.default_root_dir $(SEMCLIP_OUT) \
+	  --model.init_args.export_path $(SEMCLIP_OUT)/transform.pt \
+	  --data.init_args.vlm $(SEMCLIP_VLM) --data.init_args.ste $(SEMCLIP_STE_OUT)/embedding
+	$(PY) -m grounding.semclip evaluate --config $(SEMCLIP_CONFIG) --transform $(SEMCLIP_OUT)/transform.pt \
+	  --out reports/semclip/$(notdir $(SEMCLIP_OUT))
+
+demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's baseline, plus the STE's Table 1/2 report
+	$(MAKE) --no-print-directory semclip
+	$(PY) -m grounding.semclip report --ste $(SEMCLIP_STE_OUT)/embedding --out reports/semclip/$(notdir $(SEMCLIP_STE_OUT)) --encoders
 
 clean:  ## remove generated data, outputs and caches (keeps .venv)
 	rm -rf data/world outputs reports .cache

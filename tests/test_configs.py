@@ -70,10 +70,17 @@ def offline_overrides(path, world, tmp_path):
     for key, value in OFFLINE_MODEL.items():
         if key in model_args:
             args.append(f"--model.init_args.{key}={'null' if value is None else value}")
-    for key in ("export_dir",):
+    for key in ("export_dir", "export_path"):
         if key in model_args:
             args.append(f"--model.init_args.{key}={tmp_path / key}")
     data_name = cfg["data"]["class_path"].split(".")[-1]
+    if data_name == "AlignmentPairsDataModule":  # SemCLIP Γ_t: a fresh tiny suite VLM and a world STE
+        from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
+
+        args += [f"--data.init_args.vlm=suite:{tiny_baseline_ckpt(tmp_path / 'vlm')}",
+                 f"--data.init_args.ste={tiny_world_ste(tmp_path / 'ste')}",
+                 f"--data.init_args.captions={world / 'coco' / 'annotations' / 'captions_train2017.json'}",
+                 "--data.init_args.lexical_variants=false"]
     data_args = cfg["data"].get("init_args") or {}
     for key, value in WORLD_DATA.get(data_name, {}).items():
         if key == "root":

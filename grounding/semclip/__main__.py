@@ -3,14 +3,17 @@
   python -m grounding.semclip build-lists --out data/semclip/similarity_lists_wordnet.npz [--wup-threshold 0.8 ...]
   python -m grounding.semclip export --ckpt outputs/semclip/ste_wordnet/checkpoints/last.ckpt --out DIR
   python -m grounding.semclip report --ste outputs/semclip/ste_wordnet/embedding --out reports/semclip [--encoders minilm]
+  python -m grounding.semclip evaluate --config experiments/semclip/align_world.yaml --out reports/semclip/world
 
 Training itself goes through the suite's LightningCLI:
   python -m grounding fit --config experiments/semclip/ste_wordnet.yaml
+  python -m grounding fit --config experiments/semclip/align_world.yaml
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -49,6 +52,52 @@ def _report(args):
     print((Path(out) / "README.md").read_text())
 
 
+def _evaluate(args):
+    import yaml
+
+    from data_modules.alignment_pairs import AlignmentPairsDataModule
+    from grounding.semclip.alignment import load_transform
+    from grounding.semclip.stability import evaluate_world, write_world_report
+    from grounding.semclip.ste import STEEmbedding
+    from grounding.semclip.vlm import load_vlm
+
+    cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    data_args = dict(((cfg.get("data") or {}).get("init_args")) or {})
+    transform_path = args.transform or ((cfg.get("model") or {}).get("init_args") or {}).get("export_path")
+    if not transform_path:
+        raise SystemExit("evaluate needs --transform (a file written by SemCLIPAlignment's export_path) or --config.")
+    transform, provenance = load_transform(transform_path)
+    # the pairs' settings recorded at training time win over the config (CLI overrides of `fit` included)
+    accepted = set(inspect.signature(AlignmentPairsDataModule.__init__).parameters) - {"self"}
+    dm_args = {k: v for k, v in {**data_args, **provenance}.items() if k in accepted}
+    for key in ("vlm", "ste", "captions"):
+        if getattr(args, key):
+            dm_args[key] = getattr(args, key)
+    missing = [k for k in ("vlm", "ste", "captions") if not dm_args.get(k)]
+    if missing:
+        raise SystemExit(f"evaluate: no {', '.join(missing)} (give --{' --'.join(missing)} or a --config with data.init_args).")
+    dm = AlignmentPairsDataModule(**dm_args)
+    pairs = dm.load_pairs()
+    train_idx, val_idx = dm.split_indices()
+    vlm = load_vlm(dm_args["vlm"])
+    ste = STEEmbedding.load(dm_args["ste"])
+    if (vlm.dim, ste.dim) != (transform.net[0].in_features, transform.net[-1].out_features):
+        raise SystemExit(f"The transform maps {transform.net[0].in_features} -> {transform.net[-1].out_features} but the "
+                         f"VLM gives {vlm.dim} and the STE {ste.dim} dimensions: evaluate with the VLM/STE it was trained on.")
+    bank = None
+    if args.bank_captions:
+        from data_modules.alignment_pairs import read_captions
+
+        known = set(pairs["captions"])
+        bank = [c for c in read_captions(args.bank_captions) if c not in known]
+    results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
+                             bank_captions=bank, splits=args.splits, ks=args.ks, query_modes=args.query_modes)
+    out = write_world_report(results, args.out, provenance={"vlm": dm_args["vlm"], "ste": dm_args["ste"],
+                                                           "captions": dm_args["captions"], "transform": transform_path,
+                                                           "bank_captions": args.bank_captions})
+    print((Path(out) / "README.md").read_text())
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m grounding.semclip", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +122,21 @@ def main(argv=None):
     r.add_argument("--max-queries", type=int, default=None, help="subsample the synonym-coverage queries")
     r.add_argument("--batch-size", type=int, default=512)
     r.set_defaults(fn=_report)
+    v = sub.add_parser("evaluate", help="retrieval stability (Table 3), synonym-augmented retrieval (Table 4) and the "
+                                        "alignment recovery error on the embedded world, SemCLIP vs the base VLM")
+    v.add_argument("--config", help="an alignment config (experiments/semclip/align_world.yaml): VLM, STE, captions, transform")
+    v.add_argument("--transform", help="the trained Γ_t (default: the config's model.init_args.export_path)")
+    v.add_argument("--vlm", help="override the VLM spec (suite:<ckpt> | hf-clip:<dir>)")
+    v.add_argument("--ste", help="override the STE export")
+    v.add_argument("--captions", help="override the caption file(s) of the text bank / alignment pairs")
+    v.add_argument("--bank-captions", nargs="+", help="more caption files for the store's text bank (§4: the captions "
+                                                     "tagging the stored images), beside the alignment captions")
+    v.add_argument("--world", default="data/world", help="the embedded world (world.json + images)")
+    v.add_argument("--splits", nargs="+", default=["val", "test"], help="world splits whose images are searched")
+    v.add_argument("--ks", nargs="+", type=int, default=[1, 5, 10, 50])
+    v.add_argument("--query-modes", nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
+    v.add_argument("--out", required=True)
+    v.set_defaults(fn=_evaluate)
     args = p.parse_args(argv)
     args.fn(args)
 

@@ -55,10 +55,28 @@ class HFCLIP:
                 "--local-dir DIR`) and pass DIR, or plug in any object with encode_image/encode_text (grounding.semclip.VLM)."
             ) from e
         self.device, self.batch_size = device, batch_size
+        self.path, self.spec = p, f"hf-clip:{path}"
+        self._processor = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.projection_dim)
 
     @torch.inference_mode()
-    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.get_image_features(pixel_values=images.to(self.device)).float().cpu()
+    def encode_image(self, images) -> torch.Tensor:
+        """CLIP-preprocessed pixels (B, 3, 224, 224), or image paths / PIL images / a folder."""
+        if not isinstance(images, torch.Tensor):
+            from grounding.semclip.vlm import _image_items
+            from data_modules.common import open_rgb
+
+            if self._processor is None:
+                from transformers import CLIPImageProcessor
+
+                self._processor = CLIPImageProcessor.from_pretrained(str(self.path), local_files_only=True)
+            items = [open_rgb(Path(it)) if isinstance(it, (str, Path)) else it for it in _image_items(images)]
+            images = self._processor(images=items, return_tensors="pt")["pixel_values"]
+        return torch.cat([self.model.get_image_features(pixel_values=b.to(self.device)).float().cpu()
+                          for b in images.split(self.batch_size)])
 
     @torch.inference_mode()
     def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
@@ -84,6 +102,46 @@ class AlignmentTransform(nn.Module):
         return self.net(c_t)
 
 
+def alignment_loss(predicted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Eq. 8: ||Γ_t(C_t) - C'_t||²₂, summed over the STE dimensions, averaged over the batch."""
+    return F.mse_loss(predicted, targets, reduction="none").sum(-1).mean()
+
+
+def save_transform(transform: AlignmentTransform, path: str | Path, **provenance) -> Path:
+    """Γ_t as a self-describing file (widths + weights + e.g. the VLM spec / STE path), written atomically."""
+    from grounding.utils.io import atomic_path
+
+    lin = [m for m in transform.net if isinstance(m, nn.Linear)]
+    payload = {"format": "semclip-alignment-transform/1", "in_dim": lin[0].in_features, "out_dim": lin[-1].out_features,
+               "hidden": lin[0].out_features, "state_dict": transform.state_dict(), "provenance": provenance}
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(payload, tmp)
+    return Path(path)
+
+
+def load_transform(path: str | Path) -> tuple[AlignmentTransform, dict]:
+    """Γ_t from :func:`save_transform`'s file or a ``SemCLIPAlignment`` Lightning checkpoint;
+    returns the transform (eval mode) and its provenance (VLM spec, STE path, when recorded)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"No alignment transform at {p}: train one with `python -m grounding fit --config "
+                                "experiments/semclip/align_world.yaml` (it writes model.init_args.export_path).")
+    obj = torch.load(p, map_location="cpu", weights_only=False)
+    if isinstance(obj, dict) and obj.get("format", "").startswith("semclip-alignment-transform"):
+        t = AlignmentTransform(obj["in_dim"], obj["out_dim"], obj["hidden"])
+        t.load_state_dict(obj["state_dict"])
+        return t.eval(), dict(obj.get("provenance") or {})
+    if isinstance(obj, dict) and "state_dict" in obj:
+        state = {k[len("transform."):]: v for k, v in obj["state_dict"].items() if k.startswith("transform.")}
+        hp = obj.get("hyper_parameters") or {}
+        if not state or hp.get("in_dim") is None:
+            raise ValueError(f"{p} is a Lightning checkpoint but not of grounding.semclip.SemCLIPAlignment.")
+        t = AlignmentTransform(hp["in_dim"], hp["out_dim"], hp["hidden"])
+        t.load_state_dict(state)
+        return t.eval(), dict(obj.get("semclip_alignment") or {})
+    raise ValueError(f"{p} is neither a saved alignment transform nor a SemCLIPAlignment checkpoint.")
+
+
 def fit_alignment(transform: AlignmentTransform, vlm_text: torch.Tensor, ste_targets: torch.Tensor, epochs: int = 200,
                   batch_size: int = 512, lr: float = 1e-3, weight_decay: float = 1e-2, seed: int = 0,
                   log: Callable[[int, float], None] | None = None) -> list[float]:
@@ -96,7 +154,7 @@ def fit_alignment(transform: AlignmentTransform, vlm_text: torch.Tensor, ste_tar
         perm = torch.randperm(len(vlm_text), generator=g)
         total = 0.0
         for idx in perm.split(batch_size):
-            loss = F.mse_loss(transform(vlm_text[idx]), ste_targets[idx], reduction="none").sum(-1).mean()
+            loss = alignment_loss(transform(vlm_text[idx]), ste_targets[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -152,14 +210,19 @@ def caption_nouns(caption: str, wn) -> list[str]:
     return out
 
 
-def disambiguate(noun: str, context: Sequence[str], wn) -> str | None:
-    """The lemma key of ``noun`` in context: NLTK's Lesk, first WordNet sense when Lesk abstains."""
+def disambiguate(noun: str, context: Sequence[str], wn, known: Callable[[str], bool] | None = None) -> str | None:
+    """The lemma key of ``noun`` in context: NLTK's Lesk, first WordNet sense when Lesk abstains.
+
+    ``known``: a synset-name predicate (the senses the semantic memory holds); when some of the
+    noun's senses pass, Lesk chooses among those only (a subset STE, e.g. the embedded world's)."""
     from nltk.wsd import lesk
 
     name = noun.replace(" ", "_")
     synsets = wn.synsets(name, pos="n")
     if not synsets:
         return None
+    if known is not None:
+        synsets = [s for s in synsets if known(s.name())] or synsets
     sense = lesk(list(context), name, pos="n", synsets=synsets) or synsets[0]
     lemma = next((lem.name() for lem in sense.lemmas() if lem.name().lower() == name.lower()), sense.lemmas()[0].name())
     return f"{sense.name()}.{lemma}"
@@ -177,12 +240,15 @@ class CaptionTargets:
 
             wn = wordnet()
         self.ste, self.wn, self.lexical = ste, wn, lexical
+        from grounding.semclip.similarity_lists import LEMMA_KEY
+
+        self.synsets = frozenset(k[:m.end("sense")] for k in ste.keys if (m := LEMMA_KEY.match(k)))
 
     def keys(self, caption: str) -> list[str]:
         context = _WORD.findall(caption.lower())
         keys, oov = [], []
         for noun in caption_nouns(caption, self.wn):
-            key = disambiguate(noun, context, self.wn)
+            key = disambiguate(noun, context, self.wn, known=self.synsets.__contains__)
             (keys if key in self.ste.index else oov).append(key if key in self.ste.index else noun)
         if oov and self.lexical is not None:
             keys += [k for k in self.lexical(oov) if k is not None and k in self.ste.index]
@@ -199,8 +265,10 @@ class CaptionTargets:
         return (torch.stack(vecs) if vecs else torch.empty(0, self.ste.dim)), torch.tensor(kept, dtype=torch.bool)
 
 
-def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_size: int = 512):
-    """OOV noun -> the STE lemma key of its nearest WordNet noun form under a sentence encoder."""
+def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_size: int = 512,
+                            min_similarity: float = -1.0):
+    """OOV noun -> the STE lemma key of its nearest WordNet noun form under a sentence encoder
+    (None when that cosine similarity is below ``min_similarity``)."""
     from grounding.semclip.evaluation import TextEncoderEmbedder
 
     embedder = TextEncoderEmbedder(encoder, batch_size=batch_size)
@@ -211,8 +279,9 @@ def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_si
     def lookup(words: Sequence[str]) -> list[str | None]:
         if not words:
             return []
-        nearest = (embedder.encode([w.lower() for w in words]) @ bank.T).argmax(-1).tolist()
-        return [ste.keys[index[forms[j]][0]] for j in nearest]
+        best, nearest = (embedder.encode([w.lower() for w in words]) @ bank.T).max(-1)
+        return [ste.keys[index[forms[j]][0]] if b >= min_similarity else None
+                for b, j in zip(best.tolist(), nearest.tolist())]
 
     return lookup
 
@@ -231,27 +300,44 @@ def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor, text
 
 
 class SemanticIndex:
-    """Cosine-similarity index over vectors (exact torch matmul; ``backend="faiss"`` uses an
-    inner-product FAISS index when faiss-cpu is installed)."""
+    """Cosine-similarity index over vectors: ``backend="torch"`` exact matmul (default); with faiss-cpu
+    installed, ``"faiss"`` (exact inner-product IndexFlatIP), and the approximate ``"faiss-ivf"``
+    (inverted lists, ``nlist`` ≈ 4√N cells, ``nprobe`` searched) and ``"faiss-hnsw"`` (HNSW graph,
+    M=32, ``ef_search``) for large collections."""
 
-    def __init__(self, vectors: torch.Tensor, backend: str = "torch"):
+    BACKENDS = ("torch", "faiss", "faiss-ivf", "faiss-hnsw")
+
+    def __init__(self, vectors: torch.Tensor, backend: str = "torch", nprobe: int = 16, ef_search: int = 64):
         self.vectors = F.normalize(torch.as_tensor(vectors, dtype=torch.float32), dim=-1)
         self.backend = backend
-        if backend == "faiss":
+        if backend not in self.BACKENDS:
+            raise ValueError(f"backend must be one of {self.BACKENDS}, got {backend!r}")
+        if backend.startswith("faiss"):
             try:
                 import faiss
             except ImportError as e:
-                raise ImportError("backend='faiss' needs faiss-cpu (`pip install faiss-cpu`); backend='torch' is exact.") from e
-            self._faiss = faiss.IndexFlatIP(self.vectors.shape[1])
-            self._faiss.add(self.vectors.numpy())
-        elif backend != "torch":
-            raise ValueError(f"backend must be 'torch' or 'faiss', got {backend!r}")
+                raise ImportError(f"backend={backend!r} needs faiss-cpu (`pip install -e '.[ann]'` or `pip install "
+                                  "faiss-cpu`); backend='torch' is exact and needs nothing.") from e
+            faiss.omp_set_num_threads(torch.get_num_threads())
+            n, d = self.vectors.shape
+            x = self.vectors.numpy()
+            if backend == "faiss":
+                self._faiss = faiss.IndexFlatIP(d)
+            elif backend == "faiss-ivf":
+                nlist = max(1, min(n // 39, int(4 * n ** 0.5)))  # faiss wants >= 39 training points a cell
+                self._faiss = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+                self._faiss.train(x)
+                self._faiss.nprobe = min(nprobe, nlist)
+            else:
+                self._faiss = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+                self._faiss.hnsw.efSearch = ef_search
+            self._faiss.add(x)
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = F.normalize(torch.as_tensor(queries, dtype=torch.float32), dim=-1)
         k = min(k, len(self.vectors))
-        if self.backend == "faiss":
-            scores, idx = self._faiss.search(q.numpy(), k)
+        if self.backend != "torch":
+            scores, idx = self._faiss.search(np.ascontiguousarray(q.numpy()), k)
             return torch.from_numpy(scores), torch.from_numpy(idx).long()
         return (q @ self.vectors.T).topk(k, dim=-1)
 

@@ -1,0 +1,195 @@
+"""SemCLIP alignment pairs (§4 "Learning the alignment transform") as a LightningDataModule.
+
+From a caption vocabulary (COCO-format caption JSON, Karpathy split JSON, or a plain text file with
+one caption a line), every distinct caption becomes one pair (C_t, C'_t): its VLM text embedding and
+its STE target, the mean STE vector of its disambiguated nouns (``CaptionTargets``: Lesk with a
+first-sense fallback; out-of-vocabulary nouns through their nearest lexical variant under MiniLM when
+``lexical_variants``). Captions without any STE noun are dropped.
+
+The pairs are computed once and cached atomically in one ``.pt`` file keyed by the VLM (spec + file
+sizes/mtimes), the STE export and the caption files (content hashes), then split into train/val by a
+seeded permutation. Batches are ``(vlm_text (B, d_vlm), target (B, d_ste))``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, TensorDataset
+
+from grounding.paths import REPO_ROOT, cache_dir
+from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+CAPTIONS_HELP = ("captions must be COCO-format caption JSON ({\"annotations\": [{\"caption\": str}, ...]}), a Karpathy "
+                 "split JSON ({\"images\": [{\"sentences\": [{\"raw\": str}]}]}) or a .txt file with one caption a line; "
+                 "e.g. data/world/coco/annotations/captions_train2017.json")
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    p = Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+
+
+def read_captions(paths: str | Sequence[str]) -> list[str]:
+    """Distinct captions (whitespace-normalised, first occurrence order) of one or more caption files."""
+    from data_modules.common import MalformedDataError, MissingDataError
+
+    out: dict[str, None] = {}
+    for name in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        path = _resolve(name)
+        if not path.is_file():
+            raise MissingDataError(f"Caption file {path} does not exist. {CAPTIONS_HELP}.")
+        if path.suffix.lower() == ".json":
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise MalformedDataError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}). {CAPTIONS_HELP}.") from e
+            if isinstance(data, dict) and isinstance(data.get("annotations"), list):
+                caps = [a.get("caption") for a in data["annotations"] if isinstance(a, dict)]
+            elif isinstance(data, dict) and isinstance(data.get("images"), list):
+                caps = [s.get("raw") for im in data["images"] for s in im.get("sentences", [])]
+            else:
+                raise MalformedDataError(f"{path} holds neither COCO \"annotations\" nor Karpathy \"images\". {CAPTIONS_HELP}.")
+        else:
+            caps = path.read_text(encoding="utf-8").splitlines()
+        for c in caps:
+            if isinstance(c, str) and (c := re.sub(r"\s+", " ", c).strip()):
+                out.setdefault(c, None)
+    if not out:
+        raise MalformedDataError(f"No captions in {paths}. {CAPTIONS_HELP}.")
+    return list(out)
+
+
+def ste_fingerprint(path: str | os.PathLike) -> dict:
+    p = _resolve(path)
+    if not p.exists():
+        raise FileNotFoundError(f"STE export {p} does not exist: train and export one first (`python -m grounding fit "
+                                "--config experiments/semclip/ste_world.yaml` or ste_wordnet.yaml writes export_dir).")
+    files = [p / "vocab.txt", p / "vectors.npy"] if p.is_dir() else [p]
+    return {"path": str(p), "files": [(f.name, sha1_of_file(f)) for f in files if f.is_file()]}
+
+
+def build_pairs(vlm, ste, captions: Sequence[str], lexical_variants: bool = True,
+                lexical_min_similarity: float = -1.0) -> dict:
+    """{"captions": kept captions, "vlm_text": (N, d_vlm), "targets": (N, d_ste)} for a VLM object and an STEEmbedding."""
+    from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
+
+    lexical = minilm_lexical_variants(ste, min_similarity=lexical_min_similarity) if lexical_variants else None
+    targets, kept = CaptionTargets(ste, lexical=lexical)(captions)
+    kept_captions = [c for c, k in zip(captions, kept.tolist()) if k]
+    if not kept_captions:
+        raise ValueError(f"None of the {len(captions)} captions has a noun in the STE vocabulary ({len(ste.keys)} items); "
+                         "use an STE that covers the captions' nouns (e.g. experiments/semclip/ste_world.yaml for the world).")
+    vlm_text = vlm.encode_text(kept_captions).float()
+    return {"captions": kept_captions, "vlm_text": vlm_text, "targets": targets.float()}
+
+
+class AlignmentPairsDataModule(LightningDataModule):
+    """(VLM text embedding, STE target) pairs of a caption vocabulary, cached and split.
+
+    Args:
+        vlm: VLM spec (``suite:<ckpt>``, ``hf-clip:<dir>``, ``open-clip:<arch>:<file>``; see grounding.semclip.vlm).
+        ste: exported STE folder (``python -m grounding.semclip export``) or word2vec text file.
+        captions: caption file(s) (COCO / Karpathy JSON, or text with one caption a line).
+        lexical_variants: map out-of-vocabulary nouns to their nearest STE lemma form under MiniLM (§4);
+            ``lexical_min_similarity``: below this cosine the noun is dropped instead.
+        max_captions: keep the first N distinct captions (smoke runs).
+        val_fraction: held-out pairs for the loss and the nearest-neighbour recovery error.
+        batch_size: 512 in the paper. cache: the cache file (default: under the cache folder, keyed).
+    """
+
+    def __init__(self, vlm: str, ste: str, captions: str | list[str], lexical_variants: bool = True,
+                 lexical_min_similarity: float = -1.0, max_captions: int | None = None, val_fraction: float = 0.1,
+                 batch_size: int = 512, eval_batch_size: int | None = None, num_workers: int = 0, seed: int = 0,
+                 cache: str | None = None, device: str = "cpu"):
+        super().__init__()
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in [0, 1); got {val_fraction}")
+        self.save_hyperparameters()
+        self.pairs: dict | None = None
+
+    # ------------------------------------------------------------------------------ cache
+    def cache_key(self) -> str:
+        h = self.hparams
+        from grounding.semclip.vlm import vlm_fingerprint
+
+        vlm, ste = vlm_fingerprint(h.vlm), ste_fingerprint(h.ste)  # missing weights are reported first
+        caps = [h.captions] if isinstance(h.captions, str) else list(h.captions)
+        for c in caps:
+            if not _resolve(c).is_file():
+                read_captions(c)  # raises the clear missing-file error
+        return sha1_of_json({"version": FORMAT_VERSION, "vlm": vlm, "ste": ste,
+                             "captions": [sha1_of_file(_resolve(c)) for c in caps], "lexical": h.lexical_variants,
+                             "lexical_min_similarity": h.lexical_min_similarity, "max_captions": h.max_captions})
+
+    def cache_path(self) -> Path:
+        if self.hparams.cache:
+            return _resolve(self.hparams.cache)
+        return cache_dir() / "semclip" / f"alignment_pairs-{self.cache_key()[:16]}.pt"
+
+    def prepare_data(self):
+        path = self.cache_path()
+        if path.is_file():
+            return
+        from grounding.semclip.ste import STEEmbedding
+        from grounding.semclip.vlm import load_vlm
+
+        h = self.hparams
+        captions = read_captions(h.captions)
+        if h.max_captions is not None:
+            captions = captions[: h.max_captions]
+        ste = STEEmbedding.load(_resolve(h.ste))
+        vlm = load_vlm(h.vlm, device=h.device)
+        pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity)
+        pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions, "n_captions": len(captions),
+                         "n_pairs": len(pairs["captions"]), "key": self.cache_key() if not h.cache else None}
+        log.info("alignment pairs: %d of %d captions have STE nouns", len(pairs["captions"]), len(captions))
+        with atomic_path(path, suffix=".pt") as tmp:
+            torch.save(pairs, tmp)
+
+    def load_pairs(self) -> dict:
+        if self.pairs is None:
+            path = self.cache_path()
+            if not path.is_file():
+                self.prepare_data()
+            self.pairs = torch.load(path, map_location="cpu", weights_only=False)
+        return self.pairs
+
+    # ------------------------------------------------------------------------------ splits
+    @property
+    def vlm_dim(self) -> int:
+        return self.load_pairs()["vlm_text"].shape[1]
+
+    @property
+    def ste_dim(self) -> int:
+        return self.load_pairs()["targets"].shape[1]
+
+    def split_indices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.load_pairs()["captions"])
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.hparams.seed))
+        n_val = int(round(self.hparams.val_fraction * n)) if n > 1 else 0
+        return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+    def setup(self, stage: str | None = None):
+        pairs = self.load_pairs()
+        self.train_idx, self.val_idx = self.split_indices()
+        self.train_set = TensorDataset(pairs["vlm_text"][self.train_idx], pairs["targets"][self.train_idx])
+        self.val_set = TensorDataset(pairs["vlm_text"][self.val_idx], pairs["targets"][self.val_idx])
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True, generator=g,
+                          num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.hparams.eval_batch_size or self.hparams.batch_size,
+                          num_workers=self.hparams.num_workers)
