@@ -86,6 +86,9 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~1
 	test -f data/semclip/similarity_lists_wordnet.npz || $(MAKE) --no-print-directory semclip-lists
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
+# The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder).
+best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
+
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
 	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT)
 	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/last.ckpt
@@ -94,9 +97,9 @@ baseline: install  ## CLIP-style dual-encoder baseline on the same data, then te
 	$(CLI) fit --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) $(BASELINE_ARGS)
 	$(CLI) test --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) --ckpt_path $(BASELINE_OUT)/checkpoints/last.ckpt
 
-stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy
+stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy (best val relation top-1)
 	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt
-	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/last.ckpt
+	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(call best_ckpt,$(STAGE2_OUT))
 
 stage3: install  ## VG-BERT multimodal search heads from the stage-2 checkpoint, then a Fig. 7 search grid
 	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/last.ckpt

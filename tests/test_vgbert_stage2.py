@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -316,3 +317,88 @@ def test_visual_tokens_encode_their_location_whatever_the_backbone_scale(content
         vs.position.normal_(0.0, 0.02)
         assert _location_r2(vs(features=features * 20 / content_scale)) < 0.2  # measured -0.05
 
+
+
+# ------------------------------------------------------------------------------ spatial additions (issue #3)
+def test_attention_centroid_hand_computed():
+    from grounding.vgbert.relational import attention_centroid, grid_coordinates
+
+    # 2 x 3 grid, row-major like a flattened (h, w) map: cell centres x in {-2/3, 0, 2/3}, y in {-1/2, 1/2}.
+    assert torch.allclose(grid_coordinates(2, 3), torch.tensor(
+        [[-2 / 3, -0.5], [0.0, -0.5], [2 / 3, -0.5], [-2 / 3, 0.5], [0.0, 0.5], [2 / 3, 0.5]]))
+    attn = torch.tensor([[0, 0, 1, 0, 0, 0],           # top-right cell
+                         [0.5, 0, 0, 0, 0, 0.5],       # top-left and bottom-right: the centre
+                         [0, 0, 0, 0.25, 0.75, 0.0]])  # bottom row: x = 0.25 * -2/3, y = 1/2
+    expected = torch.tensor([[2 / 3, -0.5], [0.0, 0.0], [-1 / 6, 0.5]])
+    assert torch.allclose(attention_centroid(attn, 2, 3), expected, atol=1e-6)
+
+
+def _identity_attention(width: int, key_position: str) -> CrossModalAttention:
+    att = CrossModalAttention(width, num_heads=1, key_position=key_position)
+    with torch.no_grad():
+        for lin in (att.query, att.key, att.value):
+            lin.weight.copy_(torch.eye(width))
+            lin.bias.zero_()
+    return att
+
+
+@pytest.mark.parametrize("key_position", ["none", "keys_values"])
+def test_grounded_object_encodes_its_location_with_location_aware_values(key_position):
+    """An object (a distinct feature) placed in each cell of a 5x5 map in turn; its description's
+    query retrieves it. With the paper's keys/values the grounded vector is the same wherever the
+    object is (no location, R^2 ~ 0); with ``key_position="keys_values"`` it linearly encodes the
+    cell, and the attention centroid lands on the cell in both cases."""
+    d, side = 32, 5
+    torch.manual_seed(0)
+    feature = torch.randn(d)
+    feature = 6 * d ** 0.25 * feature / feature.norm()  # dominates the empty cells' zero keys
+    att = _identity_attention(d, key_position).eval()
+    n = side * side
+    visual = torch.zeros(n, side, side, d)
+    visual.view(n, n, d)[torch.arange(n), torch.arange(n)] = feature  # image i: the object at cell i
+    words = feature.expand(n, 1, d)
+    with torch.no_grad():
+        out = att(visual, words, torch.ones(n, 1, dtype=torch.bool), torch.arange(n), return_centroid=True)
+    from grounding.vgbert.relational import grid_coordinates
+
+    cells = grid_coordinates(side, side)
+    assert torch.allclose(out["centroid"], cells, atol=0.05)  # attention lands on the object
+    x = torch.cat([out["grounded"], torch.ones(n, 1)], 1)
+    coef = torch.linalg.lstsq(x, cells).solution
+    r2 = float(1 - ((x @ coef - cells) ** 2).sum() / ((cells - cells.mean(0)) ** 2).sum())
+    if key_position == "none":
+        assert r2 < 0.1
+    else:
+        assert r2 > 0.95
+
+
+def test_spatial_centroid_learns_a_positional_relation():
+    """With ``spatial`` = 2 the bilinear relation sees the objects' centroids: a few Adam steps learn
+    "left of" / "right of" from them even when the grounded vectors carry no location at all."""
+    torch.manual_seed(0)
+    n, width = 256, 16
+    grounded = torch.randn(2 * n, width)  # content only, independent of position
+    centroid = torch.rand(2 * n, 2) * 2 - 1
+    subject, object = torch.arange(n), torch.arange(n, 2 * n)
+    label = (centroid[subject, 0] > centroid[object, 0]).long()  # 0: left of, 1: right of
+    rel = BilinearRelation(width, 2, dim=8, spatial=2)
+    opt = torch.optim.Adam(rel.parameters(), lr=3e-2)
+    for _ in range(150):
+        opt.zero_grad()
+        loss = F.cross_entropy(rel(*rel.project(grounded, subject, object, centroid)), label)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        acc = (rel(*rel.project(grounded, subject, object, centroid)).argmax(-1) == label).float().mean()
+    assert acc > 0.9
+    with pytest.raises(ValueError, match="spatial descriptor"):
+        rel.project(grounded, subject, object)
+
+
+def test_spatial_switches_validated_and_paper_config_off():
+    import yaml
+
+    with pytest.raises(ValueError, match="key_position"):
+        CrossModalAttention(32, 4, key_position="values")
+    paper = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "experiments/vgbert/stage2_paper.yaml"))["model"]["init_args"]
+    assert paper.get("key_position", "none") == "none" and not paper.get("spatial_centroid", False)

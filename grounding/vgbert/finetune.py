@@ -127,6 +127,10 @@ class RelationalFinetune(GroundingModule):
     mask_same_pair (a pair's other annotated predicates are not its negatives) [True], drop_loss
     ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_* switches),
     relation_labels / object_classes [from the DataModule], top_k [(1, 10)], feature_cache [True].
+    Engineering additions, off in the paper ["none" / False]: key_position ("keys" | "keys_values":
+    a fixed 2D sinusoidal location encoding on the cross-attention keys / values) and
+    spatial_centroid (each object's attention centroid (x, y) feeds the subject/object d = 32 maps;
+    spatial_scale [1.0] multiplies it, i.e. scales the effective Adam step of its maps).
     """
 
     monitor = "val/relation_top1"
@@ -136,7 +140,9 @@ class RelationalFinetune(GroundingModule):
                  backbone_weights: str | None = "default", trainable_layers: int = 2, freeze_query_key: bool = True,
                  dropout: float = 0.1, attention_dropout: float | None = None, visual_heads: int = 12,
                  image_size: int = 224, num_heads: int = 8, relation_dim: int = 32, query_pooling: str = "tokens",
-                 classifier_hidden: int | None = None, train_visual_attention: bool = True, temperature: float = 1.0,
+                 classifier_hidden: int | None = None, train_visual_attention: bool = True,
+                 key_position: str = "none", spatial_centroid: bool = False, spatial_scale: float = 1.0,
+                 temperature: float = 1.0,
                  use_loss_rel: bool = True, use_loss_obj: bool = True, use_object_loss: bool = True,
                  mask_same_pair: bool = True, drop_loss: str = "none", relation_labels: list[str] | None = None,
                  object_classes: list[str] | None = None, top_k: tuple[int, ...] = (1, 10),
@@ -175,7 +181,8 @@ class RelationalFinetune(GroundingModule):
         self.model = VGBertRelational(len(relation_labels), len(object_classes), h.text_encoder, h.backbone, weights,
                                       h.trainable_layers, h.freeze_query_key, h.dropout, h.visual_heads, h.image_size,
                                       h.num_heads, h.relation_dim, h.attention_dropout, h.query_pooling,
-                                      h.classifier_hidden, h.train_visual_attention)
+                                      h.classifier_hidden, h.train_visual_attention, h.get("key_position", "none"),
+                                      h.get("spatial_centroid", False), h.get("spatial_scale", 1.0))
         self.hparams["relation_labels"], self.hparams["object_classes"] = relation_labels, object_classes
         metrics = {}
         for split in ("val", "test"):

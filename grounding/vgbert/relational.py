@@ -9,17 +9,50 @@
   "mean"`` instead averages the token embeddings into one query per object.
 * :class:`BilinearRelation` (Eq. 3 / App. Eqs. 4-5): subject and object maps to d = 32 and one
   bilinear ``relation_operator`` R_p per relation with ||R_p||_F = 1; S = r_s R_p r_oᵀ.
+* Engineering additions (off by default, i.e. the paper): ``key_position`` adds a fixed 2D sinusoidal
+  encoding of each visual location to the keys ("keys") or keys and values ("keys_values") of the
+  cross-modal attention (DETR-style), and ``spatial_centroid`` appends each object's attention
+  centroid (the attention-weighted mean (x, y) of the grid cells, :func:`attention_centroid`) to the
+  subject/object representation before the d = 32 maps. On the toy world, whose relations are purely
+  positional, the pooled grounded vector alone kept too little location (README, stage 2).
 * :class:`ObjectClassifier`: the auxiliary two-layer head (FC-ReLU-FC).
 * :func:`relation_loss` (Eq. 4) and :func:`object_pair_loss` (Eq. 5), vectorised over triplets.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 QUERY_POOLING = ("tokens", "mean")
+KEY_POSITION = ("none", "keys", "keys_values")
+
+
+def grid_coordinates(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(h*w, 2) cell centres (x, y) in [-1, 1], row-major like a flattened (h, w) map."""
+    ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h * 2 - 1
+    xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w * 2 - 1
+    return torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(h * w, 2)
+
+
+def sinusoidal_grid_encoding(h: int, w: int, width: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(h*w, width) fixed 2D sine/cosine encoding (DETR): half the channels encode x, half y."""
+    if width % 4:
+        raise ValueError(f"sinusoidal_grid_encoding needs a width divisible by 4; got {width}.")
+    xy = grid_coordinates(h, w, device, dtype)  # (L, 2) in [-1, 1]
+    # Geometric frequencies from pi/2 (one half-period over the map) to pi * max(h, w) / 2 (cell scale).
+    freqs = math.pi / 2 * torch.logspace(0, math.log10(max(h, w, 2)), width // 4, device=device, dtype=dtype)
+    ang = xy.unsqueeze(-1) * freqs  # L, 2, width/4
+    return torch.cat([ang.sin(), ang.cos()], -1).reshape(h * w, width)
+
+
+def attention_centroid(attention: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """(N, h*w) attention maps -> (N, 2) attention-weighted mean cell centre (x, y) in [-1, 1]."""
+    coords = grid_coordinates(h, w, attention.device, attention.dtype)
+    return attention @ coords / attention.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 def group_slots(group: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, int]:
@@ -46,9 +79,13 @@ class CrossModalAttention(nn.Module):
         num_heads: h (8); must divide ``width``. Per-head dimension d = D / h scales Eq. 2.
         dropout: dropout on the attention weights.
         query_pooling: "tokens" (each token attends, outputs averaged over words) or "mean".
+        key_position: "none" (the paper), "keys" or "keys_values": add a fixed 2D sinusoidal
+            encoding of the location (:func:`sinusoidal_grid_encoding`) to the visual tokens before
+            the key (and value) projections, so attention and grounded vector know where they look.
     """
 
-    def __init__(self, width: int, num_heads: int = 8, dropout: float = 0.0, query_pooling: str = "tokens"):
+    def __init__(self, width: int, num_heads: int = 8, dropout: float = 0.0, query_pooling: str = "tokens",
+                 key_position: str = "none"):
         super().__init__()
         if num_heads < 1 or width % num_heads:
             divisors = [h for h in range(1, min(width, 32) + 1) if width % h == 0]
@@ -56,6 +93,11 @@ class CrossModalAttention(nn.Module):
                              f"choose one of {divisors} (the paper uses 8 with BERT-base's 768).")
         if query_pooling not in QUERY_POOLING:
             raise ValueError(f"query_pooling must be one of {QUERY_POOLING}; got {query_pooling!r}")
+        if key_position not in KEY_POSITION:
+            raise ValueError(f"key_position must be one of {KEY_POSITION}; got {key_position!r}")
+        if key_position != "none" and width % 4:
+            raise ValueError(f"key_position={key_position!r} needs a width divisible by 4; got {width}.")
+        self.key_position = key_position
         self.width, self.num_heads, self.head_dim = width, num_heads, width // num_heads
         self.dropout = dropout
         self.query_pooling = query_pooling
@@ -75,8 +117,20 @@ class CrossModalAttention(nn.Module):
     def _split(self, x: torch.Tensor) -> torch.Tensor:  # (..., L, D) -> (..., heads, L, d)
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-3, -2)
 
+    @staticmethod
+    def grid_shape(visual: torch.Tensor) -> tuple[int, int]:
+        """(h, w) of visual tokens (B, h, w, D), or of a square flattened map (B, L, D)."""
+        if visual.dim() == 4:
+            return int(visual.shape[1]), int(visual.shape[2])
+        side = math.isqrt(int(visual.shape[1]))
+        if side * side != visual.shape[1]:
+            raise ValueError(f"CrossModalAttention: flattened visual tokens (B, L={visual.shape[1]}, D) are not a "
+                             "square grid; pass them as (B, h, w, D) so locations have coordinates.")
+        return side, side
+
     def forward(self, visual: torch.Tensor, words: torch.Tensor, word_mask: torch.Tensor,
-                object_image_index: torch.Tensor, return_attention: bool = False) -> dict[str, torch.Tensor]:
+                object_image_index: torch.Tensor, return_attention: bool = False,
+                return_centroid: bool = False) -> dict[str, torch.Tensor]:
         """Ground every object description in its own image.
 
         Args:
@@ -85,8 +139,11 @@ class CrossModalAttention(nn.Module):
             word_mask: (N, T) bool, the tokens that are words of the description.
             object_image_index: (N,) batch row of each object's image.
         Returns ``grounded`` (N, D) = pooled O of Eq. 3, ``tokens`` (N, T, D) per-token outputs and,
-        with ``return_attention``, ``attention`` (N, L): the pooled, head-averaged attention map.
+        with ``return_attention``, ``attention`` (N, L): the pooled, head-averaged attention map and,
+        with ``return_centroid``, ``centroid`` (N, 2): that map's :func:`attention_centroid`.
         """
+        need_grid = return_centroid or self.key_position != "none"
+        gh, gw = self.grid_shape(visual) if need_grid else (0, 0)
         visual = visual.flatten(1, -2)
         b, n_loc, _ = visual.shape
         n, t, _ = words.shape
@@ -97,15 +154,21 @@ class CrossModalAttention(nn.Module):
         if self.query_pooling == "mean":
             q_in = (words * mask.unsqueeze(-1)).sum(1, keepdim=True) / mask.sum(1, keepdim=True).unsqueeze(-1)
             mask, t = mask[:, :1], 1
-        k = self._split(self.key(visual))      # B, h, L, d
-        v = self._split(self.value(visual))    # B, h, L, d
+        keyed = valued = visual
+        if self.key_position != "none":  # DETR-style location-aware keys (and values)
+            pos = sinusoidal_grid_encoding(gh, gw, self.width, visual.device, visual.dtype)
+            keyed = visual + pos
+            valued = keyed if self.key_position == "keys_values" else visual
+        k = self._split(self.key(keyed))       # B, h, L, d
+        v = self._split(self.value(valued))    # B, h, L, d
         q = self.query(q_in)                   # N, T, D
         # Pack objects per image: (B, M*T, D) queries attend to their image's L keys in one batched call.
         slot, m = group_slots(object_image_index, b)
         packed = q.new_zeros(b, max(m, 1), t, self.width)
         packed[object_image_index, slot] = q
         qh = self._split(packed.reshape(b, -1, self.width))  # B, h, M*T, d
-        if return_attention:
+        explicit = return_attention or return_centroid
+        if explicit:
             attn = torch.softmax(qh @ k.transpose(-1, -2) / self.head_dim ** 0.5, dim=-1)  # Eq. 2
             out = F.dropout(attn, self.dropout, self.training) @ v
         else:
@@ -114,9 +177,13 @@ class CrossModalAttention(nn.Module):
         tokens = out[object_image_index, slot]  # N, T, D
         weights = mask.to(tokens.dtype) / mask.sum(1, keepdim=True).to(tokens.dtype)
         result = {"grounded": torch.einsum("ntd,nt->nd", tokens, weights), "tokens": tokens}
-        if return_attention:
+        if explicit:
             a = attn.mean(1).reshape(b, -1, t, n_loc)[object_image_index, slot]  # N, T, L
-            result["attention"] = torch.einsum("ntl,nt->nl", a, weights)
+            pooled = torch.einsum("ntl,nt->nl", a, weights)
+            if return_attention:
+                result["attention"] = pooled
+            if return_centroid:
+                result["centroid"] = attention_centroid(pooled, gh, gw)
         return result
 
 
@@ -125,9 +192,15 @@ class BilinearRelation(nn.Module):
 
     ``relation_operator`` (P, d, d) = W_p / ||W_p||_F: the norm constraint of App. A.3.1 Eq. 5 as a
     reparameterisation, so every R_p stays on the unit sphere under any optimiser.
+
+    ``spatial`` > 0 (an engineering addition, not in the paper) takes a (N, spatial) descriptor per
+    object (the attention centroid) as extra input columns of the subject / object maps. Those
+    columns are their own ``Linear(spatial, d)`` so they start at their fan-in's init scale (a
+    2-number input inside a 386-wide map would start ~14x smaller and Adam could not grow it
+    within a short run).
     """
 
-    def __init__(self, width: int, num_relations: int, dim: int = 32):
+    def __init__(self, width: int, num_relations: int, dim: int = 32, spatial: int = 0):
         super().__init__()
         if num_relations < 1:
             raise ValueError(f"BilinearRelation needs at least one relation label; got num_relations={num_relations}.")
@@ -135,6 +208,10 @@ class BilinearRelation(nn.Module):
         self.subject_map = nn.Linear(width, dim)
         self.object_map = nn.Linear(width, dim)
         self.relation_weight = nn.Parameter(torch.randn(num_relations, dim, dim) / dim)
+        self.spatial = spatial
+        if spatial:
+            self.subject_spatial = nn.Linear(spatial, dim, bias=False)
+            self.object_spatial = nn.Linear(spatial, dim, bias=False)
 
     @property
     def num_relations(self) -> int:
@@ -145,9 +222,18 @@ class BilinearRelation(nn.Module):
         norm = torch.linalg.matrix_norm(self.relation_weight, ord="fro", keepdim=True)
         return self.relation_weight / norm.clamp_min(1e-12)
 
-    def project(self, grounded: torch.Tensor, subject: torch.Tensor, object: torch.Tensor):
-        """r_s (N_rel, d) and r_o (N_rel, d) of the triplets' subject / object rows of ``grounded``."""
-        return self.subject_map(grounded[subject]), self.object_map(grounded[object])
+    def project(self, grounded: torch.Tensor, subject: torch.Tensor, object: torch.Tensor,
+                spatial: torch.Tensor | None = None):
+        """r_s (N_rel, d) and r_o (N_rel, d) of the triplets' subject / object rows of ``grounded``
+        (plus the maps of their ``spatial`` descriptors when the module has ``spatial`` > 0)."""
+        r_s, r_o = self.subject_map(grounded[subject]), self.object_map(grounded[object])
+        if self.spatial:
+            if spatial is None or spatial.shape[-1] != self.spatial:
+                raise ValueError(f"BilinearRelation(spatial={self.spatial}) needs a (N, {self.spatial}) spatial "
+                                 f"descriptor per object; got {None if spatial is None else tuple(spatial.shape)}.")
+            r_s = r_s + self.subject_spatial(spatial[subject])
+            r_o = r_o + self.object_spatial(spatial[object])
+        return r_s, r_o
 
     def forward(self, r_s: torch.Tensor, r_o: torch.Tensor) -> torch.Tensor:
         """S[n, p] = r_s[n] R_p r_o[n]ᵀ for every triplet n and every relation p (Eq. 3)."""
@@ -230,16 +316,20 @@ class RelationalGrounding(nn.Module):
 
     def __init__(self, width: int, num_relations: int, num_object_classes: int, num_heads: int = 8,
                  relation_dim: int = 32, attention_dropout: float = 0.0, query_pooling: str = "tokens",
-                 classifier_hidden: int | None = None):
+                 classifier_hidden: int | None = None, key_position: str = "none", spatial_centroid: bool = False,
+                 spatial_scale: float = 1.0):
         super().__init__()
-        self.attention = CrossModalAttention(width, num_heads, attention_dropout, query_pooling)
-        self.relation = BilinearRelation(width, num_relations, relation_dim)
+        self.spatial_scale = spatial_scale  # centroid in [-s, s]: with Adam, s x the effective step of its maps
+        self.attention = CrossModalAttention(width, num_heads, attention_dropout, query_pooling, key_position)
+        self.spatial_centroid = spatial_centroid
+        self.relation = BilinearRelation(width, num_relations, relation_dim, spatial=2 if spatial_centroid else 0)
         self.classifier = ObjectClassifier(width, num_object_classes, classifier_hidden)
 
     def forward(self, visual, words, word_mask, object_image_index, triplet_subject, triplet_object,
                 return_attention: bool = False) -> dict[str, torch.Tensor]:
-        out = self.attention(visual, words, word_mask, object_image_index, return_attention)
-        r_s, r_o = self.relation.project(out["grounded"], triplet_subject, triplet_object)
+        out = self.attention(visual, words, word_mask, object_image_index, return_attention, self.spatial_centroid)
+        spatial = out["centroid"] * self.spatial_scale if self.spatial_centroid else None
+        r_s, r_o = self.relation.project(out["grounded"], triplet_subject, triplet_object, spatial)
         out["relation_scores"] = self.relation(r_s, r_o)
         out["object_logits"] = self.classifier(out["grounded"])
         return out
@@ -279,7 +369,8 @@ class VGBertRelational(nn.Module):
                  freeze_query_key: bool = True, dropout: float = 0.1, visual_heads: int = 12, image_size: int = 224,
                  num_heads: int = 8, relation_dim: int = 32, attention_dropout: float | None = None,
                  query_pooling: str = "tokens", classifier_hidden: int | None = None,
-                 train_visual_attention: bool = True):
+                 train_visual_attention: bool = True, key_position: str = "none", spatial_centroid: bool = False,
+                 spatial_scale: float = 1.0):
         super().__init__()
         from grounding.encoders import load_tokenizer
         from grounding.vgbert.streams import LanguageStream, VisualStream
@@ -292,7 +383,8 @@ class VGBertRelational(nn.Module):
             self.visual.requires_grad_(False)
         self.relational = RelationalGrounding(d, num_relations, num_object_classes, num_heads, relation_dim,
                                               dropout if attention_dropout is None else attention_dropout,
-                                              query_pooling, classifier_hidden)
+                                              query_pooling, classifier_hidden, key_position, spatial_centroid,
+                                              spatial_scale)
         tok = load_tokenizer(text_encoder)
         self.special_ids = tuple(t for t in (tok.cls_token_id, tok.sep_token_id) if t is not None)
 
@@ -320,4 +412,5 @@ class VGBertRelational(nn.Module):
 
 
 __all__ = ["VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
-           "relation_loss", "object_pair_loss", "pair_relation_mask", "relational_losses", "group_slots"]
+           "relation_loss", "object_pair_loss", "pair_relation_mask", "relational_losses", "group_slots",
+           "attention_centroid", "grid_coordinates", "sinusoidal_grid_encoding"]
