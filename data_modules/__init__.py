@@ -1,5 +1,5 @@
 """LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome, and the
-SemCLIP similarity lists, plus the embedded world generator (``python -m data_modules.synthetic``).
+SemCLIP similarity lists and alignment pairs, plus the embedded world generator (``python -m data_modules.synthetic``).
 
 Every class is importable from here so the CLI can select it by name
 (``data: {class_path: data_modules.FlickrDataModule, init_args: {...}}``). Imports are lazy: the
@@ -19,10 +19,11 @@ _EXPORTS = {
     "VocabularyLabelMapping": "visual_genome",
     "CleanedVGLabelMapping": "vg_cleaning",
     "SimilarityListsDataModule": "similarity_lists",
+    "AlignmentPairsDataModule": "alignment_pairs",
 }
 __all__ = sorted(_EXPORTS)
 # Modules holding LightningDataModules: imported by the CLI so classes resolve by short name.
-DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists")
+DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists", "alignment_pairs")
 
 
 def __getattr__(name: str):
