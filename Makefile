@@ -86,7 +86,8 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~1
 	test -f data/semclip/similarity_lists_wordnet.npz || $(MAKE) --no-print-directory semclip-lists
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
-# The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder).
+# The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stage 2
+# links it as best.ckpt: the model that is tested is the one stage 3 and the semantic-space report use.
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
 
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
@@ -99,10 +100,12 @@ baseline: install  ## CLIP-style dual-encoder baseline on the same data, then te
 
 stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy (best val relation top-1)
 	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt
-	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(call best_ckpt,$(STAGE2_OUT))
+	ln -f $(call best_ckpt,$(STAGE2_OUT)) $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp && \
+	  mv -f $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp $(STAGE2_OUT)/checkpoints/best.ckpt
+	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/best.ckpt
 
-stage3: install  ## VG-BERT multimodal search heads from the stage-2 checkpoint, then a Fig. 7 search grid
-	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/last.ckpt
+stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkpoint, then a Fig. 7 search grid
+	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt
 	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt
 	$(PY) -m grounding.search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
 	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png

@@ -139,7 +139,14 @@ class AlignmentPairsDataModule(LightningDataModule):
     def prepare_data(self):
         path = self.cache_path()
         if path.is_file():
-            return
+            if not self.hparams.cache:
+                return  # the key is in the file name
+            try:  # an explicit cache path is reused only for the same VLM, STE and captions
+                if torch.load(path, map_location="cpu", weights_only=False).get("meta", {}).get("key") == self.cache_key():
+                    return
+            except Exception:  # unreadable: rebuilt below, never trusted
+                pass
+            log.info("alignment pairs cache %s was built from other inputs: rebuilding it", path)
         from grounding.semclip.ste import STEEmbedding
         from grounding.semclip.vlm import load_vlm
 
@@ -151,7 +158,7 @@ class AlignmentPairsDataModule(LightningDataModule):
         vlm = load_vlm(h.vlm, device=h.device)
         pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity)
         pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions, "n_captions": len(captions),
-                         "n_pairs": len(pairs["captions"]), "key": self.cache_key() if not h.cache else None}
+                         "n_pairs": len(pairs["captions"]), "key": self.cache_key()}
         log.info("alignment pairs: %d of %d captions have STE nouns", len(pairs["captions"]), len(captions))
         with atomic_path(path, suffix=".pt") as tmp:
             torch.save(pairs, tmp)

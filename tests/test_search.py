@@ -53,12 +53,15 @@ def _trainer(tmp_path, **kw):
     return L.Trainer(**args)
 
 
-def test_search_heads_from_stage2_checkpoint(tmp_path):
+@pytest.mark.parametrize("location", [dict(), dict(key_position="keys_values", spatial_centroid=True)],
+                         ids=["paper", "location-switches"])
+def test_search_heads_from_stage2_checkpoint(tmp_path, location):
     from grounding.vgbert.finetune import CheckpointError, RelationalFinetune
+    from grounding.vgbert.relational import sinusoidal_grid_encoding
     from grounding.vgbert.search_heads import SearchHeads
 
     torch.manual_seed(0)
-    stage2 = RelationalFinetune(**TINY_STAGE2, feature_cache=False, relation_labels=["on", "near"],
+    stage2 = RelationalFinetune(**TINY_STAGE2, **location, feature_cache=False, relation_labels=["on", "near"],
                                 object_classes=["ball", "box", "car"])
     path = tmp_path / "stage2.ckpt"
     torch.save({"state_dict": stage2.state_dict(), "hyper_parameters": dict(stage2.hparams)}, path)
@@ -66,7 +69,18 @@ def test_search_heads_from_stage2_checkpoint(tmp_path):
     assert heads.hparams.stage2["relation_labels"] == ["on", "near"]
     heads.load_stage2(path)
     mine, theirs = heads.search.grounding.state_dict(), stage2.model.state_dict()
-    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    # Key_V of the search index is the stage-2 model's own key path (with its location code when on).
+    attention = stage2.model.relational.attention
+    assert heads.search.grounding.relational.attention.key_position == attention.key_position
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        visual = stage2.model.eval().encode_images(images)
+        b, h, w, d = visual.shape
+        flat = visual.reshape(b, h * w, d)
+        if location:
+            flat = flat + sinusoidal_grid_encoding(h, w, d)
+        torch.testing.assert_close(heads.search.eval().image_keys(images), attention.key(flat))
     # Everything but F_V / F_L is frozen.
     trainable = {n.split(".")[1] for n, p in heads.named_parameters() if p.requires_grad}
     assert trainable == {"image_head", "text_head"}

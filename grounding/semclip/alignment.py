@@ -338,7 +338,10 @@ class SemanticIndex:
         k = min(k, len(self.vectors))
         if self.backend != "torch":
             scores, idx = self._faiss.search(np.ascontiguousarray(q.numpy()), k)
-            return torch.from_numpy(scores), torch.from_numpy(idx).long()
+            scores, idx = torch.from_numpy(scores), torch.from_numpy(idx).long()
+            # Approximate backends return id -1 when fewer than k items were reachable: score -inf, and
+            # callers must skip negative ids (never index with them).
+            return scores.masked_fill(idx < 0, float("-inf")), idx
         return (q @ self.vectors.T).topk(k, dim=-1)
 
 

@@ -245,7 +245,8 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
     lines += ["", "t2i: one query per object word or synonym with at least one relevant image (R@10 is bounded by "
                   "10 / the number of relevant images); i2t: each image ranks the noun queries, relevant = the words "
                   "(any synonym) naming a kind it contains. Ties (SemCLIP images sharing their nearest text share a "
-                  "vector) are broken by image order."]
+                  "vector): Table 3 breaks them by image order; in Table 4 torchmetrics averages NDCG over tied "
+                  "items, while mAP and R@10 take tied items in torch.topk's (unspecified) order."]
     distinct = {m: r["distinct_image_vectors"] for m, r in methods.items() if "distinct_image_vectors" in r}
     if distinct:
         lines += ["", "Distinct SemCLIP image vectors (distinct nearest bank texts, Eq. 7): "

@@ -117,7 +117,8 @@ class SemCLIPStore:
     def search(self, texts: Sequence[str], k: int = 10) -> tuple[torch.Tensor, list[list]]:
         """Top-k (scores (Q, k), image ids per query) by cosine similarity in SemCLIP space."""
         scores, idx = self.index.search(self.embed_queries(texts), k)
-        return scores, [[self.image_ids[j] for j in row] for row in idx.tolist()]
+        # Negative ids: an approximate index reached fewer than k items (see SemanticIndex.search).
+        return scores, [[self.image_ids[j] for j in row if j >= 0] for row in idx.tolist()]
 
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
         """Cosine similarity of every query to every stored image (Q, N), for evaluation."""

@@ -189,6 +189,11 @@ class OpenCLIP:
         self.device, self.batch_size = device, batch_size
         self.spec = f"open-clip:{architecture}:{weights}"
 
+    @property
+    def dim(self) -> int:
+        """Width of the joint space (that of one encoded text)."""
+        return int(self.encode_text(["a photo"]).shape[-1])
+
     @torch.inference_mode()
     def encode_image(self, images) -> torch.Tensor:
         if not isinstance(images, torch.Tensor):

@@ -107,7 +107,11 @@ class CrossModalAttention(nn.Module):
         self.value = nn.Linear(width, width)
 
     def keys(self, visual: torch.Tensor) -> torch.Tensor:
-        """Key_V (B, L, D) of visual tokens (B, L, D) or (B, h, w, D), heads concatenated."""
+        """Key_V (B, L, D) of visual tokens (B, L, D) or (B, h, w, D), heads concatenated (with the
+        location code added first when ``key_position`` is on, as in :meth:`forward`)."""
+        if self.key_position != "none":
+            gh, gw = self.grid_shape(visual)
+            visual = visual.flatten(1, -2) + sinusoidal_grid_encoding(gh, gw, self.width, visual.device, visual.dtype)
         return self.key(visual.flatten(1, -2))
 
     def queries(self, words: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ from grounding.vgbert.relational import VGBertRelational
 # Stage-2 hyperparameters that define the frozen model's architecture.
 STAGE2_ARCH_KEYS = ("text_encoder", "backbone", "trainable_layers", "freeze_query_key", "dropout",
                     "attention_dropout", "visual_heads", "image_size", "num_heads", "relation_dim", "query_pooling",
-                    "classifier_hidden", "relation_labels", "object_classes")
+                    "classifier_hidden", "relation_labels", "object_classes", "key_position", "spatial_centroid",
+                    "spatial_scale")
 
 
 class SearchHead(nn.Module):
