@@ -18,11 +18,13 @@ import time
 
 import numpy as np
 import torch
+from data_modules.wordnet_lists import WordNetNounGraph, SimilarityLists
+from data_modules.similarity_lists import SimilarityListCollator
+from grounding.semclip.ste import SemanticTextEmbedding
+from grounding.semclip.alignment import SemanticIndex
 
 
 def bench_wup(n_pairs: int = 300):
-    from grounding.semclip.similarity_lists import WordNetNounGraph
-
     t = time.perf_counter()
     graph = WordNetNounGraph()
     build = time.perf_counter() - t
@@ -40,10 +42,6 @@ def bench_wup(n_pairs: int = 300):
 
 
 def bench_ste(lists_path: str, steps: int):
-    from data_modules.similarity_lists import SimilarityListCollator
-    from grounding.semclip.similarity_lists import SimilarityLists
-    from grounding.semclip.ste import SemanticTextEmbedding
-
     lists = SimilarityLists.load(lists_path)
     collate = SimilarityListCollator(lists)
     rows = np.flatnonzero(np.diff(lists.indptr) > 0)
@@ -78,7 +76,6 @@ def bench_ste(lists_path: str, steps: int):
 def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k: int = 10, repeats: int = 5):
     """Median latency of a batch of ``n_queries`` top-k queries per backend, build time, and the
     approximate backends' recall@k against the exact torch result."""
-    from grounding.semclip.alignment import SemanticIndex
 
     try:
         import faiss  # noqa: F401

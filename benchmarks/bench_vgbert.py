@@ -23,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 from grounding.vgbert.match_map import chunked_match_scores, match_map_flops, pair_loop_scores
+from grounding import feature_cache as fcache
+from grounding.vgbert import GroundingPretrain
 
 
 def timed(fn, repeat: int = 1) -> float:
@@ -55,9 +57,6 @@ def bench_match_map(n_img: int, n_cap: int, locations: int, tokens: int, width: 
 
 
 def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int, image_size: int) -> None:
-    from grounding import feature_cache as fcache
-    from grounding.vgbert import GroundingPretrain
-
     torch.manual_seed(0)
     heads = 12 if text_encoder != "tiny-random" else 4
     weights = "default" if backbone == "efficientnet_lite0" else None

@@ -1,5 +1,7 @@
-"""LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome, and the
-SemCLIP similarity lists and alignment pairs, plus the embedded world generator (``python -m data_modules.synthetic``).
+"""LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome and the WordNet
+similarity lists, plus the embedded world generator (``python -m data_modules.synthetic``). Data sits
+below the models: this package imports only the suite's core (``grounding/*.py``, ``grounding/utils``);
+what needs a model (SemCLIP's VLM-embedded alignment pairs) lives in ``grounding.semclip``.
 
 Every class is importable from here so the CLI can select it by name
 (``data: {class_path: data_modules.FlickrDataModule, init_args: {...}}``). Imports are lazy: the
@@ -19,11 +21,10 @@ _EXPORTS = {
     "VocabularyLabelMapping": "visual_genome",
     "CleanedVGLabelMapping": "vg_cleaning",
     "SimilarityListsDataModule": "similarity_lists",
-    "AlignmentPairsDataModule": "alignment_pairs",
 }
 __all__ = sorted(_EXPORTS)
 # Modules holding LightningDataModules: imported by the CLI so classes resolve by short name.
-DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists", "alignment_pairs")
+DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists")
 
 
 def __getattr__(name: str):

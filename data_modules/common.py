@@ -511,6 +511,14 @@ class GroundingDataModule(LightningDataModule):
     def test_dataset(self):
         return self._dataset("test")
 
+    def image_datasets(self) -> list[Dataset]:
+        """The split datasets that load images by index (``image_paths`` + ``load_image``), each once:
+        what :class:`grounding.feature_cache.FeatureCache` swaps to cached backbone maps."""
+        if self.datasets is None:
+            self.setup()
+        unique = {id(ds): ds for ds in self.datasets.values() if hasattr(ds, "image_paths")}
+        return list(unique.values())
+
     # -- loaders -------------------------------------------------------------------------------
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         workers = self.num_workers

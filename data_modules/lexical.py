@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from grounding.paths import shared_data_dir
 
 __all__ = [
     "LexicalDataError", "SemCat", "PropertyNorms", "load_semcat", "load_concreteness",
@@ -46,8 +47,6 @@ def default_path(resource: str, data_root: str | Path | None = None) -> Path:
     if resource not in _DEFAULT_SUBDIRS:
         raise KeyError(f"unknown lexical resource {resource!r}; known: {sorted(_DEFAULT_SUBDIRS)}")
     if data_root is None:
-        from grounding.paths import shared_data_dir
-
         data_root = shared_data_dir()
     return Path(data_root).expanduser() / _DEFAULT_SUBDIRS[resource]
 

@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from grounding.paths import REPO_ROOT, cache_dir
-from grounding.semclip.similarity_lists import (SimilarityListConfig, SimilarityLists, build_similarity_lists,
+from grounding.paths import cache_dir, resolve_path
+from data_modules.wordnet_lists import (SimilarityListConfig, SimilarityLists, build_similarity_lists,
                                                 config_key, read_curated_lists, subtree_synsets)
 from grounding.utils.io import sha1_of_json
 
@@ -95,8 +95,7 @@ class SimilarityListsDataModule(LightningDataModule):
     # ------------------------------------------------------------------------------ files
     def lists_path(self) -> Path:
         if self.hparams.path:
-            p = Path(self.hparams.path).expanduser()
-            return p if p.is_absolute() else REPO_ROOT / p
+            return resolve_path(self.hparams.path)
         key = config_key(self.config)
         if self.hparams.subtree_of:
             key += "-" + sha1_of_json(sorted(self.hparams.subtree_of))[:8]

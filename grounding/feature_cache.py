@@ -15,32 +15,28 @@ a crashed build never leaves a cache that a later run would use.
 Integration (contracts B): a caption dataset loads pixels through ``load_image(index)``;
 :func:`attach` replaces that method on the dataset instance with a picklable
 :class:`CachedFeatureLoader`, so batches' ``images`` become (B, C, h, w) feature maps, which
-:class:`grounding.vgbert.streams.VisualStream` accepts directly.
+:class:`grounding.vgbert.streams.VisualStream` accepts directly. In training runs the
+:class:`FeatureCache` callback does this: a LightningModule names its frozen CNN by
+``frozen_backbone()``, a DataModule lists its image datasets by ``image_datasets()``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from lightning.pytorch import Callback
 
 from grounding.paths import cache_dir
-from grounding.utils.io import atomic_path, sha1_of_json
+from grounding.utils.io import atomic_path, sha1_of_json, state_dict_sha1
 
 FORMAT_VERSION = 1
-
-
-def backbone_fingerprint(backbone: torch.nn.Module) -> str:
-    """Hash of the backbone's weights and buffers (random-init and pretrained alike)."""
-    h = hashlib.sha1()
-    for name, t in sorted(backbone.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def image_list_fingerprint(paths) -> list:
@@ -62,7 +58,7 @@ def cache_key(backbone: torch.nn.Module, dataset, load_image=None) -> str:
     return sha1_of_json({
         "version": FORMAT_VERSION,
         "backbone": getattr(backbone, "name", type(backbone).__name__),
-        "weights": backbone_fingerprint(backbone),
+        "weights": state_dict_sha1(backbone),
         "transform": repr(getattr(dataset, "transform", None)),
         "dataset": type(dataset).__qualname__,
         "first_image": hashlib.sha1(first.float().numpy().tobytes()).hexdigest(),
@@ -180,3 +176,70 @@ def detach(dataset) -> None:
     if hasattr(dataset, "_pixel_load_image"):
         dataset.load_image = dataset._pixel_load_image
         del dataset._pixel_load_image
+
+
+LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
+
+
+class FeatureCache(Callback):
+    """Feeds a stage cached frozen-backbone feature maps instead of pixels (rank 0 builds, others wait).
+
+    The cache is keyed by the backbone's weights, so it is attached only once the run's weights are in
+    place: after the module's ``setup`` (which loads ``init_from``) and after Lightning restores a
+    ``ckpt_path`` (resume, ``test --ckpt_path``). Lightning 2.x restores checkpoints after ``setup`` and
+    creates the first evaluation iterator (prefetching a batch, starting DataLoader workers) before
+    ``on_test_start``, so neither hook is early and late enough for every stage. The first point that
+    is, for fit and evaluation alike, is the DataModule's ``*_dataloader`` hook: :meth:`setup` wraps
+    those hooks of the DataModule instance to attach the cache on their first call, and
+    :meth:`teardown` unwraps them.
+
+    The LightningModule gives its frozen CNN by ``frozen_backbone()``; the DataModule its image
+    datasets (``image_paths`` + ``load_image``) by ``image_datasets()``.
+    """
+
+    def __init__(self, cache_dir: str | None = None):
+        self.cache_dir = cache_dir
+        self._originals: dict[str, object] = {}
+        self._attached: set[int] = set()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "image_datasets") or not hasattr(pl_module, "frozen_backbone"):
+            warnings.warn("feature_cache: needs a DataModule with image_datasets() and a LightningModule with "
+                          "frozen_backbone(); running the frozen backbone on every batch instead.", stacklevel=2)
+            return
+        for hook in LOADER_HOOKS:
+            if hook not in self._originals:
+                self._originals[hook] = getattr(dm, hook)
+                setattr(dm, hook, self._wrap(trainer, pl_module, self._originals[hook]))
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        dm = trainer.datamodule
+        for hook in self._originals:
+            if dm is not None and hook in vars(dm):
+                delattr(dm, hook)
+        self._originals.clear()
+
+    def _wrap(self, trainer, pl_module, original):
+        @functools.wraps(original)
+        def loader_hook(*args, **kwargs):
+            self.attach(trainer, pl_module)
+            return original(*args, **kwargs)
+        return loader_hook
+
+    def attach(self, trainer, pl_module) -> None:
+        """Swap every image dataset of the DataModule to cached maps of the module's current backbone."""
+        backbone = pl_module.frozen_backbone()
+        datamodule = trainer.datamodule
+        fingerprint = state_dict_sha1(backbone)
+        for ds in datamodule.image_datasets():
+            if (id(ds), fingerprint) in self._attached:
+                continue
+            if trainer.is_global_zero:
+                loader = build_or_load(backbone, ds, self.cache_dir, device=trainer.strategy.root_device,
+                                       num_workers=int(getattr(datamodule, "num_workers", 0) or 0))
+            trainer.strategy.barrier("feature_cache")
+            if not trainer.is_global_zero:
+                loader = build_or_load(backbone, ds, self.cache_dir, build=False)
+            attach(ds, loader)
+            self._attached.add((id(ds), fingerprint))

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from grounding.utils.io import atomic_path
 
 DEBIAN_PACKAGES = ("wordnet-base", "wordnet-sense-index")
 _SYNTACTIC_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
@@ -91,7 +92,6 @@ def _manpage(root: Path) -> str | None:
 
 def install_wordnet(target: Path | None = None) -> Path:
     """Make WordNet 3.0 loadable by NLTK; returns the corpora/wordnet folder used."""
-    from grounding.utils.io import atomic_path
 
     try:
         from nltk.corpus import wordnet as wn

@@ -3,7 +3,9 @@
 It holds what is the same for all stages: optimizer/scheduler injection from the config
 (``optimizer`` / ``lr_scheduler`` callables, jsonargparse's dependency-injection pattern), an
 optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
-(``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes.
+(``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes,
+and the frozen-backbone feature cache as a callback for stages that set ``feature_cache`` and
+implement ``frozen_backbone()``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Callable, Iterable
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from grounding.feature_cache import FeatureCache
 
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -29,6 +33,9 @@ class GroundingModule(LightningModule):
 
     monitor: str = "val/loss"
     monitor_mode: str = "min"
+    # Stages with a frozen CNN take these as init args and implement ``frozen_backbone()``.
+    feature_cache: bool = False
+    feature_cache_dir: str | None = None
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
@@ -56,4 +63,4 @@ class GroundingModule(LightningModule):
                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)
         last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
                                enable_version_counter=False)
-        return [best, last]
+        return [best, last] + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])

@@ -13,6 +13,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 
 
+def resolve_path(path: str | os.PathLike) -> Path:
+    """A user-given path: ``~`` expanded; absolute as is; a relative one as given when it exists
+    under the working directory, else under the repository root when it exists there (configs name
+    data relative to the repository), else as given (relative to the working directory)."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.is_absolute() or p.exists() or not (REPO_ROOT / p).exists():
+        return p
+    return REPO_ROOT / p
+
+
 def shared_data_dir() -> Path:
     """The real-data folder: ``$GROUNDING_SHARED_DATA`` or ``<repo>/../shared/data``.
 

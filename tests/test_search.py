@@ -56,7 +56,8 @@ def _trainer(tmp_path, **kw):
 @pytest.mark.parametrize("location", [dict(), dict(key_position="keys_values", spatial_centroid=True)],
                          ids=["paper", "location-switches"])
 def test_search_heads_from_stage2_checkpoint(tmp_path, location):
-    from grounding.vgbert.finetune import CheckpointError, RelationalFinetune
+    from grounding.checkpoints import CheckpointError
+    from grounding.vgbert.finetune import RelationalFinetune
     from grounding.vgbert.relational import sinusoidal_grid_encoding
     from grounding.vgbert.search_heads import SearchHeads
 
@@ -92,7 +93,7 @@ def test_search_heads_from_stage2_checkpoint(tmp_path, location):
 
 def test_search_heads_train_and_cli(tiny_world, tmp_path, monkeypatch, capsys):
     from data_modules import CocoCaptionsDataModule
-    from grounding import search as search_cli
+    from grounding.vgbert import search as search_cli
     from grounding.vgbert.search_heads import SearchHeads
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))

@@ -20,8 +20,8 @@ def semclip_inputs(tiny_world, tmp_path_factory):
 
 
 def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkeypatch):
-    from data_modules import alignment_pairs
-    from data_modules.alignment_pairs import AlignmentPairsDataModule
+    from grounding.semclip import alignment_pairs
+    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
     import grounding.semclip.vlm as vlm_module
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
@@ -177,7 +177,7 @@ def test_stability_and_retrieval_on_hand_made_cases():
 
 
 def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path, monkeypatch, capsys):
-    from data_modules.alignment_pairs import AlignmentPairsDataModule
+    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
     from grounding.semclip.__main__ import main
     from grounding.semclip.alignment import AlignmentTransform, fit_alignment, save_transform
 

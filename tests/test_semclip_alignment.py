@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grounding.semclip.alignment import (AlignmentTransform, HFCLIP, SemanticIndex, VLM, caption_nouns, disambiguate,
+from grounding.semclip.vlm import HFCLIP
+from grounding.semclip.alignment import (AlignmentTransform, SemanticIndex, VLM, caption_nouns, disambiguate,
                                         fit_alignment, overlap_at_k, recovery_error, retrieval_scores,
                                         semclip_project_images)
 

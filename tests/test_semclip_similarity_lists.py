@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from grounding.semclip.similarity_lists import (SimilarityListConfig, SimilarityLists, WordNetNounGraph,
+from data_modules.wordnet_lists import (SimilarityListConfig, SimilarityLists, WordNetNounGraph,
                                                 build_similarity_lists, parse_lemma_key, read_curated_lists,
                                                 write_curated_lists)
 

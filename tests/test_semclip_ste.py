@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from data_modules.similarity_lists import SimilarityListCollator, SimilarityListsDataModule
-from grounding.semclip.similarity_lists import SimilarityLists
+from data_modules.wordnet_lists import SimilarityLists
 from grounding.semclip.ste import STEEmbedding, STEEncoder, SemanticTextEmbedding, read_word2vec
 
 

@@ -72,7 +72,7 @@ def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
 
 def test_load_vlm_errors(tmp_path):
     from grounding.semclip.vlm import load_vlm, vlm_fingerprint
-    from grounding.vgbert.finetune import CheckpointError
+    from grounding.checkpoints import CheckpointError
     from grounding.vgbert.pretrain import GroundingPretrain
 
     with pytest.raises(ValueError, match="Unknown VLM spec"):

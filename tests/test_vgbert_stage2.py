@@ -231,7 +231,7 @@ def RelationalFinetune_monitor():
 
 
 def test_init_from_stage1_checkpoint(tmp_path):
-    from grounding.vgbert.finetune import CheckpointError
+    from grounding.checkpoints import CheckpointError
     from grounding.vgbert.pretrain import GroundingPretrain
 
     torch.manual_seed(1)

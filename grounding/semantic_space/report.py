@@ -19,6 +19,9 @@ import numpy as np
 import pandas as pd
 
 from grounding.utils.io import atomic_path
+from data_modules import lexical
+from grounding.semantic_space import clustering, composition, concreteness, property_norms
+from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
 
 PARTS = ("concreteness", "property_norms", "clustering", "composition")
 
@@ -135,9 +138,6 @@ class _Timer:
 # --------------------------------------------------------------------------------------------
 def run_report(config: dict) -> Path:
     """Run the analyses in ``config`` (see ``DEFAULTS``) and write the report folder; returns it."""
-    from data_modules import lexical
-    from grounding.semantic_space import clustering, composition, concreteness, property_norms
-    from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
 
     cfg = merge_config(config)
     parts = [p for p in PARTS if p in cfg["parts"]]

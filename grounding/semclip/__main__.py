@@ -19,10 +19,17 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
+from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
+from grounding.semclip.evaluation import write_report
+from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
+from grounding.semclip.alignment import load_transform
+from grounding.semclip.stability import evaluate_world, write_world_report
+from grounding.semclip.vlm import load_vlm
+
 
 def _build_lists(args):
-    from grounding.semclip.similarity_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
-
     if args.curated:
         lists = read_curated_lists(args.curated)
     else:
@@ -38,28 +45,17 @@ def _build_lists(args):
 
 
 def _export(args):
-    from grounding.semclip.ste import SemanticTextEmbedding
-
     module = SemanticTextEmbedding.load_from_checkpoint(args.ckpt, map_location="cpu")
     print(f"wrote {module.embedding().save(args.out)}")
 
 
 def _report(args):
-    from grounding.semclip.evaluation import write_report
-
     out = write_report(ste=args.ste, out=args.out, encoders=args.encoders, word_similarity=args.word_similarity,
                        max_queries=args.max_queries, batch_size=args.batch_size)
     print((Path(out) / "README.md").read_text())
 
 
 def _evaluate(args):
-    import yaml
-
-    from data_modules.alignment_pairs import AlignmentPairsDataModule
-    from grounding.semclip.alignment import load_transform
-    from grounding.semclip.stability import evaluate_world, write_world_report
-    from grounding.semclip.ste import STEEmbedding
-    from grounding.semclip.vlm import load_vlm
 
     cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
     data_args = dict(((cfg.get("data") or {}).get("init_args")) or {})
@@ -86,8 +82,6 @@ def _evaluate(args):
                          f"VLM gives {vlm.dim} and the STE {ste.dim} dimensions: evaluate with the VLM/STE it was trained on.")
     bank = None
     if args.bank_captions:
-        from data_modules.alignment_pairs import read_captions
-
         known = set(pairs["captions"])
         bank = [c for c in read_captions(args.bank_captions) if c not in known]
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,

@@ -54,7 +54,7 @@ class SemCLIPAlignment(GroundingModule):
             self.provenance = {k: v for k, v in dict(dm.hparams).items() if not k.startswith("_")}  # the pairs' settings
         if self.transform is None:
             raise ValueError("SemCLIPAlignment needs in_dim and out_dim, or a DataModule with vlm_dim/ste_dim "
-                             "(data_modules.alignment_pairs.AlignmentPairsDataModule).")
+                             "(grounding.semclip.alignment_pairs.AlignmentPairsDataModule).")
 
     def forward(self, vlm_text: torch.Tensor) -> torch.Tensor:
         return self.transform(vlm_text)

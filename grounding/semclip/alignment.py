@@ -1,7 +1,7 @@
 """The semantic alignment transform and SemCLIP projection (SemCLIP §4, Eqs. 6–8).
 
 * ``VLM``: the protocol a vision-language model plugs in through (``encode_image``,
-  ``encode_text``); ``HFCLIP`` adapts a Hugging Face CLIP from a local path.
+  ``encode_text``); the adapters (suite checkpoints, Hugging Face CLIP, open_clip) are in ``vlm.py``.
 * ``AlignmentTransform``: Γ_t, the MLP of Eq. 8 (VLM text space -> STE space; 512 -> 4096 ->
   4096 -> 300 at paper scale), trained with MSE by ``fit_alignment`` (AdamW 1e-3, batch 512).
 * Targets: a caption's nouns (WordNet-lookup noun detector, Lesk sense disambiguation with a
@@ -24,6 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from grounding.semclip.ste import STEEmbedding
+from grounding.utils.io import atomic_path
+from grounding.semclip.evaluation import TextEncoderEmbedder
+from data_modules.wordnet_lists import LEMMA_KEY
+from grounding.lexicon import wordnet
 
 
 # ------------------------------------------------------------------------------------------
@@ -36,55 +40,6 @@ class VLM(Protocol):
     def encode_image(self, images: torch.Tensor) -> torch.Tensor: ...  # (B, 3, H, W) -> (B, d)
 
     def encode_text(self, texts: Sequence[str]) -> torch.Tensor: ...   # N strings -> (N, d)
-
-
-class HFCLIP:
-    """A Hugging Face CLIP (``CLIPModel``) loaded from a local directory or the local hub cache."""
-
-    def __init__(self, path: str, device: str = "cpu", batch_size: int = 256):
-        from transformers import CLIPModel, CLIPTokenizerFast
-
-        p = Path(path).expanduser()
-        try:
-            self.model = CLIPModel.from_pretrained(str(p), local_files_only=True).to(device).eval()
-            self.tokenizer = CLIPTokenizerFast.from_pretrained(str(p), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise FileNotFoundError(
-                f"No CLIP weights at {path!r}. SemCLIP's paper VLM is OpenAI CLIP (e.g. openai/clip-vit-base-patch32): "
-                "download it on a machine with internet (`huggingface-cli download openai/clip-vit-base-patch32 "
-                "--local-dir DIR`) and pass DIR, or plug in any object with encode_image/encode_text (grounding.semclip.VLM)."
-            ) from e
-        self.device, self.batch_size = device, batch_size
-        self.path, self.spec = p, f"hf-clip:{path}"
-        self._processor = None
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.config.projection_dim)
-
-    @torch.inference_mode()
-    def encode_image(self, images) -> torch.Tensor:
-        """CLIP-preprocessed pixels (B, 3, 224, 224), or image paths / PIL images / a folder."""
-        if not isinstance(images, torch.Tensor):
-            from grounding.semclip.vlm import _image_items
-            from data_modules.common import open_rgb
-
-            if self._processor is None:
-                from transformers import CLIPImageProcessor
-
-                self._processor = CLIPImageProcessor.from_pretrained(str(self.path), local_files_only=True)
-            items = [open_rgb(Path(it)) if isinstance(it, (str, Path)) else it for it in _image_items(images)]
-            images = self._processor(images=items, return_tensors="pt")["pixel_values"]
-        return torch.cat([self.model.get_image_features(pixel_values=b.to(self.device)).float().cpu()
-                          for b in images.split(self.batch_size)])
-
-    @torch.inference_mode()
-    def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
-        out = []
-        for s in range(0, len(texts), self.batch_size):
-            tok = self.tokenizer(list(texts[s:s + self.batch_size]), padding=True, truncation=True, return_tensors="pt").to(self.device)
-            out.append(self.model.get_text_features(**tok).float().cpu())
-        return torch.cat(out)
 
 
 # ------------------------------------------------------------------------------------------
@@ -109,7 +64,6 @@ def alignment_loss(predicted: torch.Tensor, targets: torch.Tensor) -> torch.Tens
 
 def save_transform(transform: AlignmentTransform, path: str | Path, **provenance) -> Path:
     """Γ_t as a self-describing file (widths + weights + e.g. the VLM spec / STE path), written atomically."""
-    from grounding.utils.io import atomic_path
 
     lin = [m for m in transform.net if isinstance(m, nn.Linear)]
     payload = {"format": "semclip-alignment-transform/1", "in_dim": lin[0].in_features, "out_dim": lin[-1].out_features,
@@ -236,11 +190,8 @@ class CaptionTargets:
 
     def __init__(self, ste: STEEmbedding, wn=None, lexical: Callable[[Sequence[str]], list[str | None]] | None = None):
         if wn is None:
-            from grounding.lexicon import wordnet
-
             wn = wordnet()
         self.ste, self.wn, self.lexical = ste, wn, lexical
-        from grounding.semclip.similarity_lists import LEMMA_KEY
 
         self.synsets = frozenset(k[:m.end("sense")] for k in ste.keys if (m := LEMMA_KEY.match(k)))
 
@@ -269,7 +220,6 @@ def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_si
                             min_similarity: float = -1.0):
     """OOV noun -> the STE lemma key of its nearest WordNet noun form under a sentence encoder
     (None when that cosine similarity is below ``min_similarity``)."""
-    from grounding.semclip.evaluation import TextEncoderEmbedder
 
     embedder = TextEncoderEmbedder(encoder, batch_size=batch_size)
     index = ste.surface_index()

@@ -28,6 +28,10 @@ from scipy import stats
 
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path, sha1_of_json
+from grounding.lexicon import wordnet
+from data_modules.wordnet_lists import lemma_surface
+from grounding.paths import cache_dir, shared_data_dir
+from grounding.encoders import load_text_encoder, load_tokenizer
 
 # ------------------------------------------------------------------------------------------
 # Queries
@@ -44,8 +48,6 @@ class SynonymQueries:
 def single_sense_noun_queries(wn=None) -> SynonymQueries:
     """Single-sense WordNet nouns with at least one synonym (the Table 1 queries)."""
     if wn is None:
-        from grounding.lexicon import wordnet
-
         wn = wordnet()
     senses: dict[str, int] = {}
     synsets = list(wn.all_synsets("n"))
@@ -69,8 +71,6 @@ def single_sense_noun_queries(wn=None) -> SynonymQueries:
 def noun_forms(wn=None) -> list[str]:
     """Every written noun form in WordNet (lower case, spaces), sorted: a text encoder's vocabulary."""
     if wn is None:
-        from grounding.lexicon import wordnet
-
         wn = wordnet()
     return sorted({name.replace("_", " ").lower() for name in wn.all_lemma_names("n")})
 
@@ -82,8 +82,6 @@ class TextEncoderEmbedder:
     """Mean-pooled, L2-normalised text-encoder embeddings of short strings (Sentence-BERT pooling)."""
 
     def __init__(self, name: str = "minilm", batch_size: int = 512, max_length: int = 16, device: str = "cpu"):
-        from grounding.encoders import load_text_encoder, load_tokenizer
-
         self.name = name
         self.tokenizer = load_tokenizer(name)
         self.model = load_text_encoder(name).to(device).eval()
@@ -149,7 +147,6 @@ def coverage_from_neighbours(neighbour_forms: Sequence[Sequence[str]], queries: 
 
 def ste_synonym_coverage(ste: STEEmbedding, queries: SynonymQueries, k: int = 10) -> dict:
     """Table 1 for the STE: neighbours are lemma items, compared by written form."""
-    from grounding.semclip.similarity_lists import lemma_surface
 
     rows = torch.tensor([ste.index.get(key, -1) for key in queries.keys])
     known = rows >= 0
@@ -274,8 +271,6 @@ def _csv(rows: list[dict]) -> str:
 def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("minilm",), word_similarity: str | Path | None = None,
                  max_queries: int | None = None, batch_size: int = 512, seed: int = 0) -> Path:
     """Table 1 + Table 2 for the STE (and text encoders) into ``out/`` (README.md + CSVs + meta.json)."""
-    from grounding.lexicon import wordnet
-    from grounding.paths import cache_dir, shared_data_dir
 
     wn = wordnet()
     t0 = time.perf_counter()

@@ -24,6 +24,7 @@ import torch
 
 from grounding.semclip.alignment import overlap_at_k, recovery_error, retrieval_scores
 from grounding.utils.io import atomic_path
+from grounding.semclip.store import SemCLIPStore
 
 PROMPT = "A photo of"
 
@@ -140,7 +141,6 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
     ``pairs``: the alignment pairs cache (captions, vlm_text, targets) whose captions (with their
     cached VLM embeddings) form the store's text bank together with the world's object words;
     ``train_idx`` / ``val_idx``: its split, for the recovery errors."""
-    from grounding.semclip.store import SemCLIPStore
 
     t0 = time.perf_counter()
     paths, kinds, meta = world_images(world, splits)

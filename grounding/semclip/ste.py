@@ -22,7 +22,7 @@ from torch import nn
 
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.semclip.losses import multi_positive_contrastive_loss
-from grounding.semclip.similarity_lists import lemma_surface
+from data_modules.wordnet_lists import lemma_surface
 from grounding.utils.io import atomic_path
 
 

@@ -17,6 +17,7 @@ import torch
 
 from grounding.semclip.alignment import AlignmentTransform, CaptionTargets, SemanticIndex, semclip_project_images
 from grounding.semclip.ste import STEEmbedding
+from grounding.semclip.vlm import list_images
 
 QUERY_MODES = ("ste", "transform")
 
@@ -69,8 +70,6 @@ class SemCLIPStore:
             if images is None:
                 raise ValueError("ingest() needs images or vlm_embeddings")
             if isinstance(images, (str, os.PathLike)) and os.path.isdir(os.path.expanduser(str(images))):
-                from grounding.semclip.vlm import list_images
-
                 images = list_images(images)
             vlm_embeddings = self.vlm.encode_image(images)
         c_i = torch.as_tensor(vlm_embeddings).float()

@@ -5,7 +5,7 @@
   (:class:`grounding.vgbert.SearchHeads`: image side F_V, text side F_L). Architecture, tokenizer and
   image size come from the checkpoint's hyperparameters; the pixel normalisation from the run's
   ``config.yaml`` (written beside ``checkpoints/`` by the CLI) when present.
-* :class:`grounding.semclip.alignment.HFCLIP`: a Hugging Face CLIP from a local folder.
+* :class:`HFCLIP`: a Hugging Face CLIP from a local folder.
 * :class:`OpenCLIP`: an open_clip model from a local weights file (optional dependency).
 
 ``load_vlm(spec)`` builds one from a string: ``suite:<ckpt>``, ``hf-clip:<dir>``,
@@ -22,6 +22,14 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+import yaml
+
+from data_modules.common import IMAGENET_MEAN, IMAGENET_STD, CaptionDataset, build_transform, open_rgb, tokenize
+from grounding import feature_cache as fcache
+from grounding.checkpoints import CheckpointError, read_checkpoint
+from grounding.encoders import load_tokenizer
+from grounding.vgbert.baseline import DualEncoderBaseline
+from grounding.vgbert.search_heads import SearchHeads
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPEC_HELP = ("a VLM spec is 'suite:<checkpoint.ckpt>' (a DualEncoderBaseline or SearchHeads checkpoint of this suite), "
@@ -39,7 +47,7 @@ def list_images(folder: str | os.PathLike) -> list[Path]:
     return files
 
 
-def _image_items(images) -> list:
+def image_items(images) -> list:
     """A folder, one path or a sequence of paths / PIL images -> a list of paths / PIL images."""
     if isinstance(images, (str, os.PathLike)):
         p = Path(images).expanduser()
@@ -48,16 +56,12 @@ def _image_items(images) -> list:
 
 
 def _load_pixels(items: list, transform) -> torch.Tensor:
-    from data_modules.common import open_rgb
-
     return torch.stack([transform(open_rgb(Path(it)) if isinstance(it, (str, os.PathLike)) else it.convert("RGB"))
                         for it in items])
 
 
 def _run_config(ckpt: Path) -> dict:
     """The ``data.init_args`` of the LightningCLI run that wrote ``ckpt`` (``<run>/config.yaml``), if any."""
-    import yaml
-
     for cfg in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
         if cfg.is_file():
             data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
@@ -79,10 +83,6 @@ class SuiteVLM:
     def __init__(self, ckpt: str | os.PathLike, device: str = "cpu", batch_size: int = 64,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None, image_size: int | None = None,
                  resize_size: int | None = None, max_length: int | None = None, feature_cache: bool = True):
-        from data_modules.common import IMAGENET_MEAN, IMAGENET_STD, build_transform
-        from grounding.encoders import load_tokenizer
-        from grounding.vgbert.finetune import CheckpointError, read_checkpoint
-
         self.path = Path(ckpt).expanduser()
         ck = read_checkpoint(self.path, "VLM")
         hp = dict(ck["hyper_parameters"])
@@ -93,13 +93,11 @@ class SuiteVLM:
                                   "`make baseline` or `make stage3`, or pass 'hf-clip:<dir>'.")
         self.kind = kind
         if kind == "DualEncoderBaseline":
-            from grounding.vgbert.baseline import DualEncoderBaseline as cls
-
+            cls = DualEncoderBaseline
             hp.update(backbone_weights=None, feature_cache=False)  # every weight comes from the checkpoint
             text_encoder, size = hp.get("text_encoder", "minilm"), hp.get("image_size", 224)
         else:
-            from grounding.vgbert.search_heads import SearchHeads as cls
-
+            cls = SearchHeads
             hp["stage2"] = dict(hp.get("stage2") or {}, backbone_weights=None)
             hp.update(backbone_weights=None, feature_cache=False)
             text_encoder, size = hp["stage2"].get("text_encoder", "minilm"), hp["stage2"].get("image_size", 224)
@@ -127,7 +125,7 @@ class SuiteVLM:
         if isinstance(images, torch.Tensor):
             return torch.cat([self.net.encode_images(b.to(self.device)).float().cpu()
                               for b in images.split(self.batch_size)]) if len(images) else torch.empty(0, self.dim)
-        items = _image_items(images)
+        items = image_items(images)
         if not items:
             return torch.empty(0, self.dim)
         if self.feature_cache and all(isinstance(it, (str, os.PathLike)) for it in items):
@@ -139,9 +137,6 @@ class SuiteVLM:
         """The frozen CNN's maps from the suite's feature cache (grounding.feature_cache), then the
         trainable layers. The list is wrapped like a caption split (CaptionDataset), so the maps
         cached while the VLM trained on the same images are reused."""
-        from data_modules.common import CaptionDataset
-        from grounding import feature_cache as fcache
-
         ds = CaptionDataset([Path(p) for p in paths], [[] for _ in paths], self.transform)
         loader = fcache.build_or_load(self.backbone, ds, device=self.device)
         feats = loader.lookup(torch.arange(len(paths)))
@@ -154,8 +149,6 @@ class SuiteVLM:
 
     @torch.inference_mode()
     def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
-        from data_modules.common import tokenize
-
         texts = [texts] if isinstance(texts, str) else list(texts)
         out = []
         for s in range(0, len(texts), self.batch_size):
@@ -168,6 +161,52 @@ class SuiteVLM:
         if self.kind == "DualEncoderBaseline":
             return self.net.language_head.out_features
         return self.net.text_head.mlp[-1].out_features
+
+
+class HFCLIP:
+    """A Hugging Face CLIP (``CLIPModel``) loaded from a local directory or the local hub cache."""
+
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 256):
+        from transformers import CLIPModel, CLIPTokenizerFast  # here: CLIP classes load only for this adapter
+
+        p = Path(path).expanduser()
+        try:
+            self.model = CLIPModel.from_pretrained(str(p), local_files_only=True).to(device).eval()
+            self.tokenizer = CLIPTokenizerFast.from_pretrained(str(p), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise FileNotFoundError(
+                f"No CLIP weights at {path!r}. SemCLIP's paper VLM is OpenAI CLIP (e.g. openai/clip-vit-base-patch32): "
+                "download it on a machine with internet (`huggingface-cli download openai/clip-vit-base-patch32 "
+                "--local-dir DIR`) and pass DIR, or plug in any object with encode_image/encode_text (grounding.semclip.VLM)."
+            ) from e
+        self.device, self.batch_size = device, batch_size
+        self.path, self.spec = p, f"hf-clip:{path}"
+        self._processor = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.projection_dim)
+
+    @torch.inference_mode()
+    def encode_image(self, images) -> torch.Tensor:
+        """CLIP-preprocessed pixels (B, 3, 224, 224), or image paths / PIL images / a folder."""
+        if not isinstance(images, torch.Tensor):
+            if self._processor is None:
+                from transformers import CLIPImageProcessor
+
+                self._processor = CLIPImageProcessor.from_pretrained(str(self.path), local_files_only=True)
+            items = [open_rgb(Path(it)) if isinstance(it, (str, Path)) else it for it in image_items(images)]
+            images = self._processor(images=items, return_tensors="pt")["pixel_values"]
+        return torch.cat([self.model.get_image_features(pixel_values=b.to(self.device)).float().cpu()
+                          for b in images.split(self.batch_size)])
+
+    @torch.inference_mode()
+    def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
+        out = []
+        for s in range(0, len(texts), self.batch_size):
+            tok = self.tokenizer(list(texts[s:s + self.batch_size]), padding=True, truncation=True, return_tensors="pt").to(self.device)
+            out.append(self.model.get_text_features(**tok).float().cpu())
+        return torch.cat(out)
 
 
 class OpenCLIP:
@@ -197,7 +236,7 @@ class OpenCLIP:
     @torch.inference_mode()
     def encode_image(self, images) -> torch.Tensor:
         if not isinstance(images, torch.Tensor):
-            images = _load_pixels(_image_items(images), self.transform)
+            images = _load_pixels(image_items(images), self.transform)
         return torch.cat([self.model.encode_image(b.to(self.device)).float().cpu() for b in images.split(self.batch_size)])
 
     @torch.inference_mode()
@@ -215,8 +254,6 @@ def load_vlm(spec: str, device: str = "cpu", **kwargs):
     if kind == "suite":
         return SuiteVLM(rest, device=device, **kwargs)
     if kind == "hf-clip":
-        from grounding.semclip.alignment import HFCLIP
-
         return HFCLIP(rest, device=device, **kwargs)
     if kind == "open-clip":
         arch, _, weights = rest.partition(":")

@@ -66,6 +66,16 @@ def sha1_of_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def state_dict_sha1(module) -> str:
+    """Hash of a module's weights and buffers, names included (random-init and pretrained alike): the
+    identity of a frozen encoder in cache keys. Takes any object with ``state_dict()`` of tensors."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def sha1_of_json(obj: Any) -> str:
     """Stable hash of a JSON-serialisable object (keys sorted): used to key caches by config."""
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

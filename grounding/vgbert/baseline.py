@@ -13,9 +13,9 @@ import math
 import torch
 from torch import nn
 
+from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
-from grounding.vgbert.pretrain import CaptionRetrievalModule
 from grounding.vgbert.streams import LanguageStream, VisualStream
 
 

@@ -19,100 +19,9 @@ from pathlib import Path
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
-from grounding import feature_cache as fcache
-from grounding.encoders import MissingWeightsError
+from grounding.checkpoints import load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.vgbert.relational import VGBertRelational, relational_losses
-
-
-class CheckpointError(MissingWeightsError, FileNotFoundError):
-    """A checkpoint named by ``init_from`` is missing, unreadable or does not fit the model."""
-
-
-def read_checkpoint(path: str | Path, what: str) -> dict:
-    """A Lightning checkpoint (or a bare state dict) as {"state_dict", "hyper_parameters"}."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise CheckpointError(f"{what} checkpoint {path} not found. Train that stage first (see `make stage2` in "
-                              "the README) or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt).")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        try:  # this suite's own Lightning checkpoints may hold non-tensor hyperparameters
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
-    if isinstance(ckpt, dict) and "state_dict" in ckpt:
-        return {"state_dict": ckpt["state_dict"], "hyper_parameters": dict(ckpt.get("hyper_parameters") or {})}
-    if isinstance(ckpt, dict) and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-        return {"state_dict": ckpt, "hyper_parameters": {}}
-    raise CheckpointError(f"{path} is not a Lightning checkpoint or state dict ({what}).")
-
-
-def load_submodules(target: torch.nn.Module, ckpt: dict, prefixes: dict[str, str], path: str | Path,
-                    what: str, matching_hparams: dict | None = None) -> None:
-    """Copy ``ckpt`` weights under each source prefix into ``target``'s submodule named by the value.
-
-    Strict about the target's keys (every parameter/buffer of the named submodules must be in the
-    checkpoint with the same shape); other checkpoint keys (e.g. stage-1 projection heads) are ignored.
-    """
-    state, hp = ckpt["state_dict"], ckpt["hyper_parameters"]
-    for key, value in (matching_hparams or {}).items():
-        if key in hp and hp[key] != value:
-            raise CheckpointError(f"{what} checkpoint {path} was trained with {key}={hp[key]!r} but this model has "
-                                  f"{key}={value!r}; set the config's {key} to {hp[key]!r}.")
-    for src_prefix, dst_name in prefixes.items():
-        module = target.get_submodule(dst_name)
-        own = module.state_dict()
-        found = {k[len(src_prefix):]: v for k, v in state.items() if k.startswith(src_prefix)}
-        missing = sorted(set(own) - set(found))
-        if missing:
-            raise CheckpointError(
-                f"{what} checkpoint {path} lacks {len(missing)} weight(s) of {dst_name!r} under prefix {src_prefix!r} "
-                f"(e.g. {missing[:4]}). Is it a checkpoint of the right stage, trained with the same text_encoder / "
-                "backbone / visual_heads?")
-        wrong = [k for k in own if tuple(own[k].shape) != tuple(found[k].shape)]
-        if wrong:
-            raise CheckpointError(f"{what} checkpoint {path}: shape mismatch for {dst_name}.{wrong[0]} "
-                                  f"({tuple(found[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}); use the same "
-                                  "text_encoder / backbone / widths as the run that wrote it.")
-        module.load_state_dict({k: found[k] for k in own}, strict=True)
-
-
-def attach_feature_cache(backbone: torch.nn.Module, trainer, datamodule, cache_root: str | None) -> None:
-    """Swap every image dataset's pixel loader for cached frozen-backbone feature maps."""
-    datasets, seen = [], set()
-    for name, value in vars(datamodule).items():
-        for ds in (value.values() if isinstance(value, dict) else [value]):
-            if hasattr(ds, "image_paths") and hasattr(ds, "load_image") and id(ds) not in seen:
-                seen.add(id(ds))
-                datasets.append(ds)
-    if not datasets:
-        warnings.warn("feature_cache: the DataModule exposes no image dataset; running the frozen backbone instead.",
-                      stacklevel=2)
-    for ds in datasets:
-        if trainer.is_global_zero:
-            loader = fcache.build_or_load(backbone, ds, cache_root, device=trainer.strategy.root_device,
-                                          num_workers=int(getattr(datamodule, "num_workers", 0) or 0))
-        trainer.strategy.barrier("feature_cache")
-        if not trainer.is_global_zero:
-            loader = fcache.build_or_load(backbone, ds, cache_root, build=False)
-        fcache.attach(ds, loader)
-
-
-def restore_backbone(backbone: torch.nn.Module, checkpoint: dict, prefix: str) -> bool:
-    """Load the frozen CNN's weights (keys under ``prefix``) from a checkpoint dict; False if it has none.
-
-    Lightning calls ``setup`` *before* it restores ``trainer.test(ckpt_path=...)`` / resumed weights, so
-    a module whose CNN comes from a checkpoint (``init_from`` set: built without ImageNet weights) would
-    otherwise fill the feature cache from a randomly initialised backbone (all-zero feature maps).
-    """
-    state = checkpoint.get("state_dict") or {}
-    found = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    if not found:
-        return False
-    backbone.load_state_dict(found, strict=True)
-    return True
 
 
 class RelationalFinetune(GroundingModule):
@@ -161,12 +70,9 @@ class RelationalFinetune(GroundingModule):
             raise ValueError(f"temperature must be > 0; got {temperature}")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss)
+        self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self.model: VGBertRelational | None = None
         self._init_loaded = False
-        # Without init_from the CNN has its pretrained weights from construction; with it they come from
-        # init_from (fit) or from the checkpoint Lightning restores after setup (test / resume).
-        self._backbone_ready = not init_from
-        self._pending_cache = None
         if relation_labels is not None and object_classes is not None:
             self._build(list(relation_labels), list(object_classes))
 
@@ -212,18 +118,10 @@ class RelationalFinetune(GroundingModule):
                              f"{len(self.hparams.object_classes)}): use the same label mapping as the checkpoint.")
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
             self.load_stage1(self.hparams.init_from)
-        if self.hparams.feature_cache and dm is not None:
-            if self._backbone_ready or self._init_loaded:
-                attach_feature_cache(self.model.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
-            else:  # the CNN's weights arrive with the checkpoint restored after setup: cache then
-                self._pending_cache = dm
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if self.model is not None and restore_backbone(self.model.visual.backbone, checkpoint, "model.visual.backbone."):
-            self._backbone_ready = True
-        if self._pending_cache is not None and self._backbone_ready:
-            dm, self._pending_cache = self._pending_cache, None
-            attach_feature_cache(self.model.visual.backbone, self.trainer, dm, self.hparams.feature_cache_dir)
+    def frozen_backbone(self) -> torch.nn.Module:
+        """The frozen CNN whose maps the feature-cache callback stores."""
+        return self.model.visual.backbone
 
     def load_stage1(self, path: str | Path) -> None:
         """Load the visual and language streams of a stage-1 (GroundingPretrain) checkpoint."""
@@ -288,5 +186,4 @@ class RelationalFinetune(GroundingModule):
         }
 
 
-__all__ = ["RelationalFinetune", "CheckpointError", "read_checkpoint", "load_submodules", "attach_feature_cache",
-           "restore_backbone"]
+__all__ = ["RelationalFinetune"]

@@ -26,6 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from grounding.encoders import load_tokenizer
+from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
 QUERY_POOLING = ("tokens", "mean")
 KEY_POSITION = ("none", "keys", "keys_values")
@@ -376,8 +378,6 @@ class VGBertRelational(nn.Module):
                  train_visual_attention: bool = True, key_position: str = "none", spatial_centroid: bool = False,
                  spatial_scale: float = 1.0):
         super().__init__()
-        from grounding.encoders import load_tokenizer
-        from grounding.vgbert.streams import LanguageStream, VisualStream
 
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
                                        attention_dropout=attention_dropout)
@@ -398,7 +398,6 @@ class VGBertRelational(nn.Module):
 
     def encode_words(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """Token ids (N,T) -> language tokens L (N,T,D) and the mask of word tokens."""
-        from grounding.vgbert.streams import word_mask
 
         # Descriptions repeat within a batch ("man", "shirt"): encode each distinct one once.
         uniq, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], 1), dim=0,

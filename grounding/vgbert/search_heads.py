@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from grounding import distributed as gdist
+from grounding.caption_retrieval import drop_sampler_repeats
+from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.retrieval import retrieval_metrics
-from grounding.vgbert.finetune import (CheckpointError, attach_feature_cache, load_submodules, read_checkpoint,
-                                       restore_backbone)
 from grounding.vgbert.relational import VGBertRelational
 
 # Stage-2 hyperparameters that define the frozen model's architecture.
@@ -169,30 +169,17 @@ class SearchHeads(GroundingModule):
         if init_from:  # the stage-2 weights (CNN included) come from init_from: no ImageNet file is read
             s["backbone_weights"] = self.hparams["stage2"]["backbone_weights"] = None
         self.search = MultimodalSearch(VGBertRelational(len(rel), len(obj), **s), head_hidden)
+        self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self._init_loaded = False
-        # With init_from the CNN's weights come from it (fit) or from the checkpoint restored after setup.
-        self._backbone_ready = not init_from
-        self._pending_cache = None
         self._eval: dict[str, list] = {}
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
             self.load_stage2(self.hparams.init_from)
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        if self.hparams.feature_cache and dm is not None:
-            if self._backbone_ready or self._init_loaded:
-                attach_feature_cache(self.search.grounding.visual.backbone, self.trainer, dm,
-                                     self.hparams.feature_cache_dir)
-            else:  # never cache features of the not-yet-restored (random) CNN: wait for the checkpoint
-                self._pending_cache = dm
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if restore_backbone(self.search.grounding.visual.backbone, checkpoint, "search.grounding.visual.backbone."):
-            self._backbone_ready = True
-        if self._pending_cache is not None and self._backbone_ready:
-            dm, self._pending_cache = self._pending_cache, None
-            attach_feature_cache(self.search.grounding.visual.backbone, self.trainer, dm,
-                                 self.hparams.feature_cache_dir)
+    def frozen_backbone(self) -> nn.Module:
+        """The frozen CNN whose maps the feature-cache callback stores."""
+        return self.search.grounding.visual.backbone
 
     def load_stage2(self, path: str | Path) -> None:
         load_submodules(self.search, read_checkpoint(path, "stage-2"), {"model.": "grounding"}, path, "stage-2")
@@ -237,11 +224,9 @@ class SearchHeads(GroundingModule):
             return
         q_i, image_index, q_w, cap_index = (torch.cat(x) for x in zip(*store))
         if gdist.is_distributed():  # every rank scores the whole split; drop the sampler's repeats
-            from grounding.vgbert.pretrain import _dedupe
-
             q_i, image_index, q_w, cap_index = (gdist.gather_no_grad(t.to(self.device)).cpu()
                                                 for t in (q_i, image_index, q_w, cap_index))
-            q_i, image_index, q_w, _, cap_index = _dedupe(q_i, image_index, q_w, q_w, cap_index)
+            q_i, image_index, q_w, _, cap_index = drop_sampler_repeats(q_i, image_index, q_w, q_w, cap_index)
         order = torch.argsort(image_index)
         q_i, image_index = q_i[order], image_index[order]
         rows = torch.searchsorted(image_index, cap_index)

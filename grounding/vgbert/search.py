@@ -1,6 +1,6 @@
 """Multimodal image search with VG-BERT's search heads (§4.5, App. B.5, Fig. 7).
 
-    python -m grounding.search --ckpt search.ckpt --images DIR [--query-image IMG] [--query-text "..."]
+    python -m grounding.vgbert.search --ckpt search.ckpt --images DIR [--query-image IMG] [--query-text "..."]
         [--alpha 0.5] [--top-k 8] [--grid out.png --alphas 0,0.25,0.5,0.75,1] [--index FILE]
 
 Indexes every image under DIR (batched through the frozen model and F_V; the index of unit vectors
@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from PIL import Image, UnidentifiedImageError
 
+from data_modules.common import build_transform
+from grounding.encoders import load_tokenizer
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
+from grounding.vgbert.search_heads import SearchHeads, multimodal_query, rank_images
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
@@ -44,10 +48,6 @@ class Searcher:
     """A loaded :class:`SearchHeads` checkpoint with its image transform and tokenizer."""
 
     def __init__(self, ckpt: str | Path, device: str = "cpu", max_length: int = 32):
-        from data_modules.common import build_transform
-        from grounding.encoders import load_tokenizer
-        from grounding.vgbert.search_heads import SearchHeads
-
         ckpt = Path(ckpt)
         if not ckpt.is_file():
             raise SearchError(f"--ckpt {ckpt} not found: train the search heads first "
@@ -64,8 +64,6 @@ class Searcher:
         self.max_length = max_length
 
     def _load(self, path: Path) -> torch.Tensor:
-        from PIL import Image, UnidentifiedImageError
-
         try:
             with Image.open(path) as im:
                 return self.transform(im.convert("RGB"))
@@ -114,8 +112,6 @@ class Searcher:
 
 def search(index_features: torch.Tensor, q_image: torch.Tensor | None, q_text: torch.Tensor | None, alpha: float,
            top_k: int, exclude: int | None = None) -> tuple[list[int], list[float]]:
-    from grounding.vgbert.search_heads import multimodal_query, rank_images
-
     query = multimodal_query(q_image, q_text, alpha)
     ex = torch.tensor([exclude]) if exclude is not None else None
     scores, ids = rank_images(index_features, query, top_k, ex)
@@ -126,11 +122,10 @@ def search(index_features: torch.Tensor, q_image: torch.Tensor | None, q_text: t
 def write_grid(out: str | Path, rows: list[tuple[float, list[Path], list[float]]], query_image: Path | None,
                query_text: str | None, thumb: int = 128) -> Path:
     """One row per alpha: the query (image and/or text) then the top results (Fig. 7)."""
-    import matplotlib
+    import matplotlib  # here, not at the top: selecting the Agg backend must precede pyplot's import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from PIL import Image
 
     cols = 1 + max((len(r[1]) for r in rows), default=0)
     fig, axes = plt.subplots(len(rows), cols, figsize=(1.6 * cols, 1.7 * len(rows)), squeeze=False)
@@ -156,7 +151,7 @@ def write_grid(out: str | Path, rows: list[tuple[float, list[Path], list[float]]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m grounding.search", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m grounding.vgbert.search", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="a SearchHeads checkpoint (experiments/vgbert/search_*.yaml)")
     p.add_argument("--images", required=True, help="folder of images to search (indexed recursively)")
     p.add_argument("--query-image", help="image query Q_I")

@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from grounding.utils.io import atomic_path, sha1_of_json
+from grounding.utils.io import atomic_write_text
+from grounding.lexicon import wordnet
 
 LEMMA_KEY = re.compile(r"^(?P<word>.+?)\.(?P<pos>[nvasr])\.(?P<sense>\d+)\.(?P<lemma>.+)$")
 FORMAT_VERSION = 1
@@ -183,8 +185,6 @@ class WordNetNounGraph:
         (their neighbours within ``hops`` edges, siblings, and every ancestor of those), which is
         enough for exact depths and Wu–Palmer scores and far quicker than the whole noun graph."""
         if wn is None:
-            from grounding.lexicon import wordnet
-
             wn = wordnet()
         self.wn = wn
         self.synsets = list(wn.all_synsets(pos)) if around is None else self._closure(wn, around, hops)
@@ -436,7 +436,6 @@ def read_curated_lists(path: str | Path) -> SimilarityLists:
 
 def write_curated_lists(lists: SimilarityLists, path: str | Path) -> Path:
     """Write lists in the ``.jsonl`` curated layout (round-trips through :func:`read_curated_lists`)."""
-    from grounding.utils.io import atomic_write_text
 
     lines = [json.dumps({"anchor": lists.vocab[a], "similar": [[k, round(s, 6)] for k, s in lists.list_of(lists.vocab[a])]})
              for a in lists.anchors]
@@ -447,8 +446,6 @@ def subtree_synsets(roots: Sequence[str], wn=None) -> list[str]:
     """Names of the given noun synsets and all their hyponyms (a small, self-contained vocabulary
     for demos and tests, e.g. ``["basket.n.01", "dog.n.01"]``)."""
     if wn is None:
-        from grounding.lexicon import wordnet
-
         wn = wordnet()
     out: dict[str, None] = {}
     for r in roots:

@@ -24,8 +24,12 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from grounding.paths import REPO_ROOT, cache_dir
+from grounding.paths import cache_dir, resolve_path
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
+from data_modules.common import MalformedDataError, MissingDataError
+from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
+from grounding.semclip.vlm import vlm_fingerprint, load_vlm
+from grounding.semclip.ste import STEEmbedding
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -34,18 +38,12 @@ CAPTIONS_HELP = ("captions must be COCO-format caption JSON ({\"annotations\": [
                  "e.g. data/world/coco/annotations/captions_train2017.json")
 
 
-def _resolve(path: str | os.PathLike) -> Path:
-    p = Path(os.path.expanduser(str(path)))
-    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
-
-
 def read_captions(paths: str | Sequence[str]) -> list[str]:
     """Distinct captions (whitespace-normalised, first occurrence order) of one or more caption files."""
-    from data_modules.common import MalformedDataError, MissingDataError
 
     out: dict[str, None] = {}
     for name in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        path = _resolve(name)
+        path = resolve_path(name)
         if not path.is_file():
             raise MissingDataError(f"Caption file {path} does not exist. {CAPTIONS_HELP}.")
         if path.suffix.lower() == ".json":
@@ -70,7 +68,7 @@ def read_captions(paths: str | Sequence[str]) -> list[str]:
 
 
 def ste_fingerprint(path: str | os.PathLike) -> dict:
-    p = _resolve(path)
+    p = resolve_path(path)
     if not p.exists():
         raise FileNotFoundError(f"STE export {p} does not exist: train and export one first (`python -m grounding fit "
                                 "--config experiments/semclip/ste_world.yaml` or ste_wordnet.yaml writes export_dir).")
@@ -81,7 +79,6 @@ def ste_fingerprint(path: str | os.PathLike) -> dict:
 def build_pairs(vlm, ste, captions: Sequence[str], lexical_variants: bool = True,
                 lexical_min_similarity: float = -1.0) -> dict:
     """{"captions": kept captions, "vlm_text": (N, d_vlm), "targets": (N, d_ste)} for a VLM object and an STEEmbedding."""
-    from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
 
     lexical = minilm_lexical_variants(ste, min_similarity=lexical_min_similarity) if lexical_variants else None
     targets, kept = CaptionTargets(ste, lexical=lexical)(captions)
@@ -120,20 +117,19 @@ class AlignmentPairsDataModule(LightningDataModule):
     # ------------------------------------------------------------------------------ cache
     def cache_key(self) -> str:
         h = self.hparams
-        from grounding.semclip.vlm import vlm_fingerprint
 
         vlm, ste = vlm_fingerprint(h.vlm), ste_fingerprint(h.ste)  # missing weights are reported first
         caps = [h.captions] if isinstance(h.captions, str) else list(h.captions)
         for c in caps:
-            if not _resolve(c).is_file():
+            if not resolve_path(c).is_file():
                 read_captions(c)  # raises the clear missing-file error
         return sha1_of_json({"version": FORMAT_VERSION, "vlm": vlm, "ste": ste,
-                             "captions": [sha1_of_file(_resolve(c)) for c in caps], "lexical": h.lexical_variants,
+                             "captions": [sha1_of_file(resolve_path(c)) for c in caps], "lexical": h.lexical_variants,
                              "lexical_min_similarity": h.lexical_min_similarity, "max_captions": h.max_captions})
 
     def cache_path(self) -> Path:
         if self.hparams.cache:
-            return _resolve(self.hparams.cache)
+            return resolve_path(self.hparams.cache)
         return cache_dir() / "semclip" / f"alignment_pairs-{self.cache_key()[:16]}.pt"
 
     def prepare_data(self):
@@ -147,14 +143,12 @@ class AlignmentPairsDataModule(LightningDataModule):
             except Exception:  # unreadable: rebuilt below, never trusted
                 pass
             log.info("alignment pairs cache %s was built from other inputs: rebuilding it", path)
-        from grounding.semclip.ste import STEEmbedding
-        from grounding.semclip.vlm import load_vlm
 
         h = self.hparams
         captions = read_captions(h.captions)
         if h.max_captions is not None:
             captions = captions[: h.max_captions]
-        ste = STEEmbedding.load(_resolve(h.ste))
+        ste = STEEmbedding.load(resolve_path(h.ste))
         vlm = load_vlm(h.vlm, device=h.device)
         pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity)
         pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions, "n_captions": len(captions),

@@ -1,0 +1,71 @@
+"""Reading the suite's checkpoints: a Lightning ``.ckpt`` (or a bare state dict) as weights plus
+hyperparameters, and copying prefixed weights into a model's submodules with strict, explained checks.
+
+Every stage that starts from another stage's checkpoint (``init_from``) and the SemCLIP VLM adapter
+read checkpoints through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from grounding.encoders import MissingWeightsError
+
+
+class CheckpointError(MissingWeightsError, FileNotFoundError):
+    """A checkpoint named by ``init_from`` is missing, unreadable or does not fit the model."""
+
+
+def read_checkpoint(path: str | Path, what: str) -> dict:
+    """A Lightning checkpoint (or a bare state dict) as {"state_dict", "hyper_parameters"}."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"{what} checkpoint {path} not found. Train that stage first (see `make stage2` in "
+                              "the README) or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt).")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        try:  # this suite's own Lightning checkpoints may hold non-tensor hyperparameters
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
+    if isinstance(ckpt, dict) and "state_dict" in ckpt:
+        return {"state_dict": ckpt["state_dict"], "hyper_parameters": dict(ckpt.get("hyper_parameters") or {})}
+    if isinstance(ckpt, dict) and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return {"state_dict": ckpt, "hyper_parameters": {}}
+    raise CheckpointError(f"{path} is not a Lightning checkpoint or state dict ({what}).")
+
+
+def load_submodules(target: torch.nn.Module, ckpt: dict, prefixes: dict[str, str], path: str | Path,
+                    what: str, matching_hparams: dict | None = None) -> None:
+    """Copy ``ckpt`` weights under each source prefix into ``target``'s submodule named by the value.
+
+    Strict about the target's keys (every parameter/buffer of the named submodules must be in the
+    checkpoint with the same shape); other checkpoint keys (e.g. stage-1 projection heads) are ignored.
+    """
+    state, hp = ckpt["state_dict"], ckpt["hyper_parameters"]
+    for key, value in (matching_hparams or {}).items():
+        if key in hp and hp[key] != value:
+            raise CheckpointError(f"{what} checkpoint {path} was trained with {key}={hp[key]!r} but this model has "
+                                  f"{key}={value!r}; set the config's {key} to {hp[key]!r}.")
+    for src_prefix, dst_name in prefixes.items():
+        module = target.get_submodule(dst_name)
+        own = module.state_dict()
+        found = {k[len(src_prefix):]: v for k, v in state.items() if k.startswith(src_prefix)}
+        missing = sorted(set(own) - set(found))
+        if missing:
+            raise CheckpointError(
+                f"{what} checkpoint {path} lacks {len(missing)} weight(s) of {dst_name!r} under prefix {src_prefix!r} "
+                f"(e.g. {missing[:4]}). Is it a checkpoint of the right stage, trained with the same text_encoder / "
+                "backbone / visual_heads?")
+        wrong = [k for k in own if tuple(own[k].shape) != tuple(found[k].shape)]
+        if wrong:
+            raise CheckpointError(f"{what} checkpoint {path}: shape mismatch for {dst_name}.{wrong[0]} "
+                                  f"({tuple(found[wrong[0]].shape)} vs {tuple(own[wrong[0]].shape)}); use the same "
+                                  "text_encoder / backbone / widths as the run that wrote it.")
+        module.load_state_dict({k: found[k] for k in own}, strict=True)
+
+
+__all__ = ["CheckpointError", "read_checkpoint", "load_submodules"]
