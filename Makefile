@@ -22,7 +22,7 @@ WORLD_SIZE ?= 128
 SEED ?= 0
 CLI := $(PY) -m grounding
 
-.PHONY: help install test demo bench world clean crg mcd stage1 stage2 stage3 baseline \
+.PHONY: help install test test-full lint demo bench world clean crg mcd stage1 stage2 stage3 baseline \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
@@ -64,8 +64,14 @@ $(STAMP): pyproject.toml
 	else echo "Skipping the optional Link Grammar backend (as root: apt-get install python3-link-grammar link-grammar-dictionaries-en)"; fi
 	touch $@
 
-test: install  ## run the test suite (CPU, tiny generated data; reads ../shared/data when present)
+test: install  ## the fast test tier, what CI runs (CPU, tiny generated data; reads ../shared/data when present)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+
+test-full: install  ## every test, the slow end-to-end fits included (run before resolving an issue)
 	WANDB_MODE=disabled $(PY) -m pytest -q
+
+lint: install  ## ruff over the repository (tests/test_lint.py checks the same)
+	$(PY) -m ruff check .
 
 world: install  ## generate the embedded world (WORLD, WORLD_IMAGES, WORLD_SIZE, SEED)
 	$(PY) -m data_modules.synthetic --out $(WORLD) --images $(WORLD_IMAGES) --seed $(SEED) --size $(WORLD_SIZE)

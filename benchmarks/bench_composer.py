@@ -38,7 +38,8 @@ def main() -> int:
     cs = read_captions(path)
     caps = cs.captions if args.subset <= 0 else cs.captions[: args.subset]
     print(f"{path.name}: {len(cs):,} captions; timing {len(caps):,}")
-    print(f"{'backend':<13}{'workers':>8}{'load s':>8}{'cold cap/s':>12}{'warm cap/s':>12}{'warm/cold':>10}{'extract cap/s':>15}{'unparsed':>10}")
+    print(f"{'backend':<13}{'workers':>8}{'load s':>8}{'cold cap/s':>12}{'warm cap/s':>12}{'warm/cold':>10}"
+          f"{'extract cap/s':>15}{'unparsed':>10}")
     for backend in args.backends:
         t = time.perf_counter()
         ok, why = backend_available(backend)  # loads the model once; reused by every call below

@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 import torch
-from data_modules.wordnet_lists import WordNetNounGraph, SimilarityLists
+
 from data_modules.similarity_lists import SimilarityListCollator
-from grounding.semclip.ste import SemanticTextEmbedding
+from data_modules.wordnet_lists import SimilarityLists, WordNetNounGraph
 from grounding.semclip.alignment import SemanticIndex
+from grounding.semclip.ste import SemanticTextEmbedding
 
 
 def bench_wup(n_pairs: int = 300):

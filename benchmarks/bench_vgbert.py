@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
-from grounding.vgbert.match_map import chunked_match_scores, match_map_flops, pair_loop_scores
 from grounding import feature_cache as fcache
 from grounding.vgbert import GroundingPretrain
+from grounding.vgbert.match_map import chunked_match_scores, match_map_flops, pair_loop_scores
 
 
 def timed(fn, repeat: int = 1) -> float:

@@ -13,9 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from .common import (IMAGENET_MEAN, IMAGENET_STD, WORLD_HINT, CaptionDataModule, CaptionSplit, expect_keys,
-                     karpathy_entries, karpathy_sentences, karpathy_split, malformed, read_json, require_file,
-                     resolve)
+from .common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    WORLD_HINT,
+    CaptionDataModule,
+    CaptionSplit,
+    expect_keys,
+    karpathy_entries,
+    karpathy_sentences,
+    karpathy_split,
+    malformed,
+    read_json,
+    require_file,
+    resolve,
+)
 
 COCO_LAYOUT = """\
   <root>/annotations/captions_train2017.json   official COCO captions ("images" + "annotations")

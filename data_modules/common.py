@@ -21,6 +21,9 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from grounding.encoders import load_tokenizer
+from grounding.paths import resolve_path
+
 log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -458,8 +461,6 @@ class GroundingDataModule(LightningDataModule):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from grounding.encoders import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.text_encoder)
         return self._tokenizer
 
@@ -471,13 +472,7 @@ class GroundingDataModule(LightningDataModule):
     def root_path(self) -> Path:
         """``root``; a relative root missing from the working directory is tried under the repo root
         (configs give data paths relative to the repository)."""
-        root = Path(os.path.expanduser(str(self.root)))
-        if not root.is_absolute() and not root.exists():
-            from grounding.paths import REPO_ROOT
-
-            if (REPO_ROOT / root).exists():
-                return REPO_ROOT / root
-        return root
+        return resolve_path(self.root)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets is None:  # parse once, whatever the number of stages

@@ -12,9 +12,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (IMAGENET_MEAN, IMAGENET_STD, WORLD_HINT, CaptionDataModule, CaptionSplit, MalformedDataError,
-                     MissingDataError, group_captions, karpathy_entries, karpathy_sentences, karpathy_split,
-                     require_file, resolve)
+from .common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    WORLD_HINT,
+    CaptionDataModule,
+    CaptionSplit,
+    MalformedDataError,
+    MissingDataError,
+    group_captions,
+    karpathy_entries,
+    karpathy_sentences,
+    karpathy_split,
+    require_file,
+    resolve,
+)
 from .formats import read_flickr_token_pairs
 
 FLICKR_LAYOUT = """\
@@ -140,6 +152,6 @@ class FlickrDataModule(CaptionDataModule):
         captions_path = getattr(self, "_captions_path", None)
         if captions_path is not None:
             others = sorted(p.name for p in root.glob("*.token*") if p.is_file() and p != captions_path)
-            hint += (f", or, if you have only some of the photos, set captions_file to a token file that lists just "
-                     f"those" + (f" (found here: {', '.join(others)})" if others else ""))
+            hint += (", or, if you have only some of the photos, set captions_file to a token file that lists just "
+                     "those" + (f" (found here: {', '.join(others)})" if others else ""))
         return hint

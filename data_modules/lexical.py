@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from grounding.paths import shared_data_dir
 
 __all__ = [

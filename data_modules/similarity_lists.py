@@ -18,9 +18,15 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from data_modules.wordnet_lists import (
+    SimilarityListConfig,
+    SimilarityLists,
+    build_similarity_lists,
+    config_key,
+    read_curated_lists,
+    subtree_synsets,
+)
 from grounding.paths import cache_dir, resolve_path
-from data_modules.wordnet_lists import (SimilarityListConfig, SimilarityLists, build_similarity_lists,
-                                                config_key, read_curated_lists, subtree_synsets)
 from grounding.utils.io import sha1_of_json
 
 

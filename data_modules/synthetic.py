@@ -770,7 +770,7 @@ def build_records(n_images: int, seed: int, image_size: int, split_fractions: Se
                          "size": o.size, "texture": o.texture, "place": o.place})
             object_id += 1
         rels = []
-        for a, b in ((a, b) for a in range(len(objs)) for b in range(a + 1, len(objs))):
+        for a, b in ((i, j) for i in range(len(objs)) for j in range(i + 1, len(objs))):
             options = [(s, p, t) for s, p, t in grammar.expressions() if {s, t} == {a, b}]
             weights = np.array([3.0 if p == "on" else 1.0 for _, p, _ in options])
             s, p, t = options[int(rng.choice(len(options), p=weights / weights.sum()))]

@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from grounding.lexicon import wordnet
+from grounding.paths import cache_dir
 from grounding.utils.io import atomic_write_json, sha1_of_file, sha1_of_json
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
@@ -102,8 +104,6 @@ class SynsetClassifier:
     """Maps WordNet synsets (or bare names) to the most specific class of a fixed class list."""
 
     def __init__(self, classes: Sequence[str]):
-        from grounding.lexicon import wordnet
-
         self.wn = wordnet()
         self.classes = list(classes)
         self.class_index = {c: i for i, c in enumerate(self.classes)}
@@ -384,7 +384,6 @@ class CleanedVGLabelMapping:
     @classmethod
     def from_root(cls, root: str | Path, out: str | Path | None = None, **params) -> "CleanedVGLabelMapping":
         """Clean ``root`` (cached under grounding.paths.cache_dir() unless ``out``) and load the mapping."""
-        from grounding.paths import cache_dir
 
         root = Path(root)
         if out is None:

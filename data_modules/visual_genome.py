@@ -21,11 +21,26 @@ from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from grounding.paths import cache_dir, resolve_path
 from grounding.utils.io import atomic_path, sha1_of_json
 
-from .common import (IMAGENET_MEAN, IMAGENET_STD, WORLD_HINT, GroundingDataModule, ImageDataset, MalformedDataError,
-                     check_images_exist, expect_keys, iter_json_array, malformed, read_json, require_file,
-                     require_root, resolve, tokenize)
+from .common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    WORLD_HINT,
+    GroundingDataModule,
+    ImageDataset,
+    MalformedDataError,
+    check_images_exist,
+    expect_keys,
+    iter_json_array,
+    malformed,
+    read_json,
+    require_file,
+    require_root,
+    resolve,
+    tokenize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +318,6 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
 def index_cache_path(root: Path, max_attributes: int) -> Path | None:
     """Cache file of the parsed index, keyed by the JSON files' paths, sizes and mtimes; None when
     the files are small enough (under CACHE_MIN_BYTES) that parsing is as quick as loading."""
-    from grounding.paths import cache_dir
 
     stamps, total = [], 0
     for name in VG_FILES:
@@ -486,12 +500,7 @@ class VisualGenomeDataModule(GroundingDataModule):
             return self.label_mapping
         from .vg_cleaning import CleanedVGLabelMapping  # VG-BERT's cleaning output file
 
-        path = Path(os.path.expanduser(self.label_mapping))
-        if not path.is_absolute() and not path.exists():
-            from grounding.paths import REPO_ROOT
-
-            path = REPO_ROOT / path if (REPO_ROOT / path).exists() else path
-        return CleanedVGLabelMapping.from_file(path)
+        return CleanedVGLabelMapping.from_file(resolve_path(self.label_mapping))
 
     def _labels(self, mapping: LabelMapping) -> tuple[np.ndarray, np.ndarray]:
         ix = self.index
@@ -545,7 +554,7 @@ class VisualGenomeDataModule(GroundingDataModule):
             data = read_json(path, "Visual Genome split file", schema, "write the split file again")
             expect_keys(data, ["train", "val", "test"], "the top level", path, "Visual Genome split file", schema,
                         "write the split file again")
-        elif isinstance(getattr(mapping, "split", None), dict) and getattr(mapping, "split").get("train"):
+        elif isinstance(getattr(mapping, "split", None), dict) and mapping.split.get("train"):
             data = dict(mapping.split)
             path = Path(str(getattr(mapping, "source", None) or type(mapping).__name__))
             data.setdefault("val", [])

@@ -27,9 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from grounding.utils.io import atomic_path, sha1_of_json
-from grounding.utils.io import atomic_write_text
 from grounding.lexicon import wordnet
+from grounding.utils.io import atomic_path, atomic_write_text, sha1_of_json
 
 LEMMA_KEY = re.compile(r"^(?P<word>.+?)\.(?P<pos>[nvasr])\.(?P<sense>\d+)\.(?P<lemma>.+)$")
 FORMAT_VERSION = 1

@@ -18,7 +18,8 @@ from lightning.pytorch.cli import LightningCLI
 from grounding.paths import EXPERIMENTS_DIR
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
-STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES", "data_modules,grounding.vgbert,grounding.semclip").split(",") if p)
+STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
+                                                 "data_modules,grounding.vgbert,grounding.semclip").split(",") if p)
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
 from grounding.utils.io import atomic_path
 
 DEBIAN_PACKAGES = ("wordnet-base", "wordnet-sense-index")

@@ -9,8 +9,18 @@ import pytest
 import scipy.sparse as sp
 from nltk import Tree
 
-from grounding.composer import (CaptionSet, ConceptGraph, atom_divergence, chernoff_coefficient, compound_divergence,
-                                divergence, extract_crg, make_mcd_splits, read_captions, removal_deltas)
+from grounding.composer import (
+    CaptionSet,
+    ConceptGraph,
+    atom_divergence,
+    chernoff_coefficient,
+    compound_divergence,
+    divergence,
+    extract_crg,
+    make_mcd_splits,
+    read_captions,
+    removal_deltas,
+)
 from grounding.composer.mcd import rowwise_divergence, window_divergences
 
 

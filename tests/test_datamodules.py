@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from data_modules import (CocoCaptionsDataModule, CorruptImageError, FlickrDataModule, MalformedDataError,
-                          MissingDataError, VisualGenomeDataModule, VocabularyLabelMapping)
+from data_modules import (
+    CocoCaptionsDataModule,
+    CorruptImageError,
+    FlickrDataModule,
+    MalformedDataError,
+    MissingDataError,
+    VisualGenomeDataModule,
+    VocabularyLabelMapping,
+)
 from data_modules.common import EpochSampler, iter_json_array
 
 TOK = "tiny-random"  # same WordPiece tokenizer as minilm, nothing to download
@@ -434,8 +441,9 @@ def test_every_datamodule_is_exported():
     import importlib
     import pkgutil
 
-    import data_modules
     from lightning.pytorch import LightningDataModule
+
+    import data_modules
 
     for info in pkgutil.iter_modules(data_modules.__path__):
         module = importlib.import_module(f"data_modules.{info.name}")
@@ -448,7 +456,7 @@ def test_every_datamodule_is_exported():
 def test_iter_json_array_streams_exactly_what_json_loads(tmp_path, indent):
     rng = np.random.default_rng(0)
     path = tmp_path / "a.json"
-    for trial in range(30):
+    for _ in range(30):
         data = [{"id": int(rng.integers(100)), "s": "a\nb" * int(rng.integers(3)), "l": list(range(int(rng.integers(9))))}
                 for _ in range(int(rng.integers(0, 12)))]
         text = json.dumps(data, indent=indent)

@@ -9,8 +9,7 @@ import torch
 
 from data_modules import lexical
 from grounding.semantic_space import clustering, composition, concreteness, property_norms
-from grounding.semantic_space.embeddings import (LanguageStream, LanguageStreamError, WordEmbedder,
-                                                  detect_bert_prefix, load_language_stream)
+from grounding.semantic_space.embeddings import LanguageStream, LanguageStreamError, WordEmbedder, detect_bert_prefix, load_language_stream
 
 
 # --------------------------------------------------------------------------------------------

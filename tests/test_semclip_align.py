@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-
 from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
 
 
@@ -20,9 +19,9 @@ def semclip_inputs(tiny_world, tmp_path_factory):
 
 
 def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkeypatch):
+    import grounding.semclip.vlm as vlm_module
     from grounding.semclip import alignment_pairs
     from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
-    import grounding.semclip.vlm as vlm_module
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     captions = tmp_path / "captions.txt"
@@ -177,9 +176,9 @@ def test_stability_and_retrieval_on_hand_made_cases():
 
 
 def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path, monkeypatch, capsys):
-    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
     from grounding.semclip.__main__ import main
     from grounding.semclip.alignment import AlignmentTransform, fit_alignment, save_transform
+    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     dm_args = dict(vlm=semclip_inputs["vlm"], ste=semclip_inputs["ste"], captions=semclip_inputs["captions"],

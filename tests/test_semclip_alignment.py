@@ -5,10 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grounding.semclip.alignment import (
+    VLM,
+    AlignmentTransform,
+    SemanticIndex,
+    caption_nouns,
+    disambiguate,
+    fit_alignment,
+    overlap_at_k,
+    recovery_error,
+    retrieval_scores,
+    semclip_project_images,
+)
 from grounding.semclip.vlm import HFCLIP
-from grounding.semclip.alignment import (AlignmentTransform, SemanticIndex, VLM, caption_nouns, disambiguate,
-                                        fit_alignment, overlap_at_k, recovery_error, retrieval_scores,
-                                        semclip_project_images)
 
 
 def test_eq7_image_takes_the_transform_of_its_nearest_text():

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from grounding.semclip.evaluation import (SynonymQueries, coverage_from_neighbours, encoder_synonym_coverage,
-                                          read_word_similarity, spearman, ste_pair_similarity, ste_synonym_coverage,
-                                          word_similarity_table)
+from grounding.semclip.evaluation import (
+    SynonymQueries,
+    coverage_from_neighbours,
+    encoder_synonym_coverage,
+    read_word_similarity,
+    spearman,
+    ste_pair_similarity,
+    ste_synonym_coverage,
+    word_similarity_table,
+)
 from grounding.semclip.ste import STEEmbedding
 
 KEYS = ["car.n.01.car", "car.n.01.auto", "dog.n.01.dog", "dog.n.01.domestic_dog", "cat.n.01.cat", "bank.n.01.bank", "bank.n.02.bank"]

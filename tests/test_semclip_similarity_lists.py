@@ -7,9 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from data_modules.wordnet_lists import (SimilarityListConfig, SimilarityLists, WordNetNounGraph,
-                                                build_similarity_lists, parse_lemma_key, read_curated_lists,
-                                                write_curated_lists)
+from data_modules.wordnet_lists import (
+    SimilarityListConfig,
+    SimilarityLists,
+    WordNetNounGraph,
+    build_similarity_lists,
+    parse_lemma_key,
+    read_curated_lists,
+    write_curated_lists,
+)
 
 SYNSETS = ["basket.n.01", "hamper.n.02", "car.n.01", "dog.n.01", "chair.n.05"]
 

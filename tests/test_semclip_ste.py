@@ -10,7 +10,7 @@ import torch
 
 from data_modules.similarity_lists import SimilarityListCollator, SimilarityListsDataModule
 from data_modules.wordnet_lists import SimilarityLists
-from grounding.semclip.ste import STEEmbedding, STEEncoder, SemanticTextEmbedding, read_word2vec
+from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding, STEEncoder, read_word2vec
 
 
 def _synthetic_lists(groups=6, size=4) -> SimilarityLists:

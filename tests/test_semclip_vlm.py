@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from semclip_helpers import TINY_VLM, save_module, tiny_baseline_ckpt
 
 
@@ -71,8 +70,8 @@ def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
 
 
 def test_load_vlm_errors(tmp_path):
-    from grounding.semclip.vlm import load_vlm, vlm_fingerprint
     from grounding.checkpoints import CheckpointError
+    from grounding.semclip.vlm import load_vlm, vlm_fingerprint
     from grounding.vgbert.pretrain import GroundingPretrain
 
     with pytest.raises(ValueError, match="Unknown VLM spec"):

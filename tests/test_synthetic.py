@@ -18,8 +18,15 @@ import numpy as np
 import pytest
 
 from data_modules import synthetic
-from data_modules.synthetic import (SceneObject, Scene, choose_held_out_pairs, generate_world, load_vocabulary,
-                                    render_background, render_object)
+from data_modules.synthetic import (
+    Scene,
+    SceneObject,
+    choose_held_out_pairs,
+    generate_world,
+    load_vocabulary,
+    render_background,
+    render_object,
+)
 
 SPLITS = ("train", "val", "test")
 

@@ -7,9 +7,17 @@ import os
 
 import pytest
 
-from data_modules.vg_cleaning import (CleanedVGLabelMapping, SynsetClassifier, VGCleaningError, clean_visual_genome,
-                                      load_object_classes, load_relation_merge, main, normalize_predicate,
-                                      split_file_for)
+from data_modules.vg_cleaning import (
+    CleanedVGLabelMapping,
+    SynsetClassifier,
+    VGCleaningError,
+    clean_visual_genome,
+    load_object_classes,
+    load_relation_merge,
+    main,
+    normalize_predicate,
+    split_file_for,
+)
 
 
 def _obj(oid, name, synset=None):

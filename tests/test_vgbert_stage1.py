@@ -270,9 +270,9 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
 
 
 def test_language_stream_trains_with_dropout():
-    from grounding.vgbert import LanguageStream
-
     import torch
+
+    from grounding.vgbert import LanguageStream
 
     stream = LanguageStream("tiny-random", trainable_layers=1, hidden_dropout=0.5)
     assert stream.bert.training and all(m.training for m in stream.bert.modules())

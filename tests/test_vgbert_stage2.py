@@ -9,9 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grounding.vgbert.relational import (BilinearRelation, CrossModalAttention, ObjectClassifier, bilinear_scores,
-                                         group_slots, object_pair_loss, pair_relation_mask, relation_loss,
-                                         relational_losses)
+from grounding.vgbert.relational import (
+    BilinearRelation,
+    CrossModalAttention,
+    ObjectClassifier,
+    bilinear_scores,
+    group_slots,
+    object_pair_loss,
+    pair_relation_mask,
+    relation_loss,
+    relational_losses,
+)
 
 
 # ------------------------------------------------------------------------------ bilinear relations

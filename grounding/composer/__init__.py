@@ -10,10 +10,27 @@ from .build import BuildReport, build_concept_graph, extract_all
 from .captions import CaptionFileError, CaptionSet, read_captions, read_coco_captions, read_flickr_tokens, read_karpathy_json
 from .concept_graph import ConceptGraph, LevelBatch, StringTable, format_stats
 from .crg import CONCEPT_TAGS, PRIMITIVE_TAGS, CaptionCRG, Predicate, degrade_tree, extract_crg
-from .mcd import (ATOM_ALPHA, COMPOUND_ALPHA, atom_divergence, chernoff_coefficient, compound_divergence, divergence,
-                  make_mcd_splits, removal_deltas, write_karpathy_split)
-from .parsing import (BACKENDS, DEFAULT_BACKEND, CaptionParser, ParserUnavailableError, backend_available,
-                      dependency_to_constituency, get_parser, parse_captions)
+from .mcd import (
+                  ATOM_ALPHA,
+                  COMPOUND_ALPHA,
+                  atom_divergence,
+                  chernoff_coefficient,
+                  compound_divergence,
+                  divergence,
+                  make_mcd_splits,
+                  removal_deltas,
+                  write_karpathy_split,
+)
+from .parsing import (
+                  BACKENDS,
+                  DEFAULT_BACKEND,
+                  CaptionParser,
+                  ParserUnavailableError,
+                  backend_available,
+                  dependency_to_constituency,
+                  get_parser,
+                  parse_captions,
+)
 
 __all__ = [
     "ATOM_ALPHA", "BACKENDS", "COMPOUND_ALPHA", "CONCEPT_TAGS", "DEFAULT_BACKEND", "PRIMITIVE_TAGS", "BuildReport",

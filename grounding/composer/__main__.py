@@ -19,10 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+from grounding.paths import shared_data_dir
 from grounding.utils.io import atomic_write_json
 
+from .build import build_concept_graph
 from .captions import CaptionFileError, read_captions
 from .concept_graph import ConceptGraph, format_stats
+from .mcd import make_mcd_splits
 from .parsing import BACKENDS, DEFAULT_BACKEND, ParserUnavailableError, backend_available
 
 
@@ -94,7 +97,6 @@ def _apply_config(args, parser: argparse.ArgumentParser):
 
 def _expand(path: str | None) -> str | None:
     """``{shared_data}`` in a path is the real-data folder (``grounding.paths.shared_data_dir``)."""
-    from grounding.paths import shared_data_dir
 
     return path.replace("{shared_data}", str(shared_data_dir())) if isinstance(path, str) else path
 
@@ -106,8 +108,6 @@ def _need(args, *names):
 
 
 def _build(args, prefix: str):
-    from .build import build_concept_graph
-
     path = _expand(getattr(args, prefix))
     full = read_captions(path)
     cs = read_captions(path, getattr(args, f"{prefix}_split"), [_expand(f) for f in getattr(args, f"{prefix}_images") or []] or None)
@@ -157,13 +157,12 @@ def main(argv=None) -> int:
             atomic_write_json(out / "stats.json", {"source": cs.source, "backend": args.backend, "degrade": args.degrade,
                                                    "seed": args.seed, **stats, "parse_seconds": report.parse_seconds,
                                                    "extract_seconds": report.extract_seconds, "graph_seconds": report.graph_seconds,
-                                                   "parse_cache": report.parse_cache, "unparsed_examples": report.failed_examples}, indent=2)
+                                                   "parse_cache": report.parse_cache,
+                                                   "unparsed_examples": report.failed_examples}, indent=2)
             print(format_stats(stats, Path(_expand(args.captions)).stem))
             print(f"wrote {out / 'crg.npz'} and {out / 'stats.json'} in {time.perf_counter() - t0:.1f}s")
             return 0
         if args.command == "mcd":
-            from .mcd import make_mcd_splits
-
             _need(args, "train", "candidates", "out")
             _, train_g, _ = _build(args, "train")
             cand_cs, cand_g, _ = _build(args, "candidates")

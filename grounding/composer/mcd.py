@@ -208,7 +208,8 @@ def make_mcd_splits(train: ConceptGraph, cand: ConceptGraph, cand_captions: Capt
     mcd_cd = compound_divergence(inp.train_compounds, inp.cand_compounds[top].sum(axis=0))
     mcd_ad = atom_divergence(inp.train_atoms, inp.cand_atoms[top].sum(axis=0))
     rng = np.random.default_rng(seed)
-    random_sets = np.stack([rng.choice(n, size=k, replace=False) for _ in range(random_baselines)]) if random_baselines else np.zeros((0, k), int)
+    random_sets = (np.stack([rng.choice(n, size=k, replace=False) for _ in range(random_baselines)])
+                   if random_baselines else np.zeros((0, k), int))
     ind = sp.csr_matrix((np.ones(random_sets.size), (np.repeat(np.arange(len(random_sets)), k), random_sets.ravel())),
                         shape=(len(random_sets), n))
     random_cd = rowwise_divergence(inp.train_compounds, ind @ inp.cand_compounds, COMPOUND_ALPHA) if len(random_sets) else np.zeros(0)

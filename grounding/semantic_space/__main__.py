@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from grounding.semantic_space.report import run_report
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grounding.semantic_space", description=__doc__,
@@ -89,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.config and not args.models:
         raise SystemExit("give --models (and optionally --names) or --config; see --help")
-    from grounding.semantic_space.report import run_report
 
     t0 = time.perf_counter()
     run_report(config_from_args(args))

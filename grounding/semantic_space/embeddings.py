@@ -28,7 +28,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from grounding.utils.io import atomic_path, atomic_write_json, sha1_of_file, sha1_of_json
+from grounding.checkpoints import CheckpointError, read_checkpoint
+from grounding.encoders import load_text_encoder, load_tokenizer
+from grounding.paths import cache_dir
+from grounding.utils.io import atomic_path, atomic_write_json, sha1_of_file, sha1_of_json, state_dict_sha1
 
 WORD_EMBEDDINGS_SUFFIX = "embeddings.word_embeddings.weight"
 CACHE_VERSION = 1
@@ -56,14 +59,6 @@ class LanguageStream:
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
-def _state_dict_sha1(model: torch.nn.Module) -> str:
-    h = hashlib.sha1()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def _vocab_sha1(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha1("\n".join(t for t, _ in vocab).encode("utf-8")).hexdigest()
@@ -100,16 +95,6 @@ def detect_bert_prefix(state_dict: dict, path: str | Path = "checkpoint") -> str
     return prefixes[0]
 
 
-def _load_checkpoint(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # hparams may hold classes (optimizer callables): the user's own file, load fully
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise LanguageStreamError(f"Could not read checkpoint {path}: {e}") from e
-
-
 def load_language_stream(source: str, name: str | None = None, prefix: str | None = "auto",
                          text_encoder: str | None = None, tokenizer: str | None = None,
                          seed: int = 0) -> LanguageStream:
@@ -123,7 +108,6 @@ def load_language_stream(source: str, name: str | None = None, prefix: str | Non
     hparams' ``text_encoder`` (default "minilm"), the tokenizer from ``tokenizer`` or the same name.
     Randomly initialised encoders ("tiny-random") are seeded with ``seed`` so runs agree.
     """
-    from grounding.encoders import load_text_encoder, load_tokenizer
 
     path = Path(source).expanduser()
     is_checkpoint = path.is_file()
@@ -132,11 +116,12 @@ def load_language_stream(source: str, name: str | None = None, prefix: str | Non
                                   "encoder name such as 'minilm'.")
     identity: dict = {"version": CACHE_VERSION}
     if is_checkpoint:
-        ckpt = _load_checkpoint(path)
-        state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
-        if not isinstance(state, dict):
-            raise LanguageStreamError(f"{path}: expected a Lightning checkpoint (a dict with 'state_dict').")
-        arch = text_encoder or _find_key(ckpt.get("hyper_parameters", {}), "text_encoder") or "minilm"
+        try:
+            ckpt = read_checkpoint(path, "language-stream")
+        except CheckpointError as e:
+            raise LanguageStreamError(str(e)) from e
+        state = ckpt["state_dict"]
+        arch = text_encoder or _find_key(ckpt["hyper_parameters"], "text_encoder") or "minilm"
         if prefix in (None, "", "auto"):
             prefix = detect_bert_prefix(state, path)
         bert_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -163,7 +148,7 @@ def load_language_stream(source: str, name: str | None = None, prefix: str | Non
         tok = load_tokenizer(tokenizer or source)
         identity.update(kind="text_encoder", encoder=source)
     model.eval()
-    identity.update(weights_sha1=_state_dict_sha1(model), vocab_sha1=_vocab_sha1(tok))
+    identity.update(weights_sha1=state_dict_sha1(model), vocab_sha1=_vocab_sha1(tok))
     return LanguageStream(name or (path.stem if is_checkpoint else source), str(source), model, tok, identity)
 
 
@@ -185,7 +170,6 @@ class WordEmbedder:
         self.pool_special_tokens = pool_special_tokens
         self.max_length = max_length
         self.use_cache = cache
-        from grounding.paths import cache_dir
 
         key = sha1_of_json({"model": stream.identity, "pool_special_tokens": pool_special_tokens})[:16]
         self.cache_folder = Path(cache_root or cache_dir()) / "semantic_space" / key

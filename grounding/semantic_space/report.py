@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grounding.utils.io import atomic_path
 from data_modules import lexical
 from grounding.semantic_space import clustering, composition, concreteness, property_norms
 from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
+from grounding.utils.io import atomic_path
 
 PARTS = ("concreteness", "property_norms", "clustering", "composition")
 
@@ -188,7 +188,7 @@ def run_report(config: dict) -> Path:
     out = Path(cfg["out"])
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
-        md = [f"# Semantic-space evaluation (VG-BERT §4.1-4.4)\n",
+        md = ["# Semantic-space evaluation (VG-BERT §4.1-4.4)\n",
               "Models (first = reference): " + ", ".join(f"**{n}** (`{m['source']}`)" for n, m in zip(names, cfg["models"]))
               + ".\n",
               f"SemCat: {len(semcat.categories)} categories, {len(semcat.words)} entries, {len(vocabulary)} vocabulary "

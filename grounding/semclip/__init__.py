@@ -7,6 +7,6 @@ the STE trains on are data: ``data_modules.wordnet_lists`` and ``data_modules.Si
 """
 
 from grounding.semclip.losses import multi_positive_contrastive_loss
-from grounding.semclip.ste import STEEmbedding, STEEncoder, SemanticTextEmbedding, export_ste
+from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding, STEEncoder, export_ste
 
 __all__ = ["multi_positive_contrastive_loss", "STEEmbedding", "STEEncoder", "SemanticTextEmbedding", "export_ste"]

@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 
 import yaml
+
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
-from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
-from grounding.semclip.evaluation import write_report
-from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.alignment import load_transform
+from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
+from grounding.semclip.evaluation import write_report
 from grounding.semclip.stability import evaluate_world, write_world_report
+from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
 from grounding.semclip.vlm import load_vlm
 
 

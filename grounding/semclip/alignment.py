@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.semclip.ste import STEEmbedding
-from grounding.utils.io import atomic_path
-from grounding.semclip.evaluation import TextEncoderEmbedder
 from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.lexicon import wordnet
+from grounding.semclip.evaluation import TextEncoderEmbedder
+from grounding.semclip.ste import STEEmbedding
+from grounding.utils.io import atomic_path
 
 
 # ------------------------------------------------------------------------------------------
@@ -240,7 +240,8 @@ def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_si
 # Eq. 7 and retrieval
 # ------------------------------------------------------------------------------------------
 @torch.no_grad()
-def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor, text_semclip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor,
+                           text_semclip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 7: Γ_i(C_i) = Γ_t(C_{t_i}) with t_i = argmin_t' cosine distance(C_i, C_t').
 
     ``text_semclip`` holds Γ_t of every text (rows aligned with ``text_vlm``). Returns the images'

@@ -24,12 +24,12 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from grounding.paths import cache_dir, resolve_path
-from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
 from data_modules.common import MalformedDataError, MissingDataError
+from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
-from grounding.semclip.vlm import vlm_fingerprint, load_vlm
 from grounding.semclip.ste import STEEmbedding
+from grounding.semclip.vlm import load_vlm, vlm_fingerprint
+from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

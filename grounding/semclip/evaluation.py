@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from data_modules.wordnet_lists import lemma_surface
+from grounding.encoders import load_text_encoder, load_tokenizer
+from grounding.lexicon import wordnet
+from grounding.paths import cache_dir, shared_data_dir
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path, sha1_of_json
-from grounding.lexicon import wordnet
-from data_modules.wordnet_lists import lemma_surface
-from grounding.paths import cache_dir, shared_data_dir
-from grounding.encoders import load_text_encoder, load_tokenizer
 
 # ------------------------------------------------------------------------------------------
 # Queries
@@ -327,7 +327,7 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
                 row[f"{r['model']} full"] = r["spearman_full"]
                 row[f"{r['model']} WordNet"] = r["spearman_wordnet"]
         pivot.append(row)
-    readme = [f"# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
+    readme = ["# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
               "## Synonym coverage (Table 1)\n",
               "Single-sense WordNet nouns with a synonym; covered = a synonym among the 10 nearest neighbours.\n",
               _markdown(coverage, cov_cols), "\n## Word similarity (Table 2), Spearman\n",

@@ -23,8 +23,8 @@ from typing import Sequence
 import torch
 
 from grounding.semclip.alignment import overlap_at_k, recovery_error, retrieval_scores
-from grounding.utils.io import atomic_path
 from grounding.semclip.store import SemCLIPStore
+from grounding.utils.io import atomic_path
 
 PROMPT = "A photo of"
 

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from data_modules.wordnet_lists import lemma_surface
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.semclip.losses import multi_positive_contrastive_loss
-from data_modules.wordnet_lists import lemma_surface
 from grounding.utils.io import atomic_path
 
 

@@ -74,7 +74,8 @@ class SemCLIPStore:
             vlm_embeddings = self.vlm.encode_image(images)
         c_i = torch.as_tensor(vlm_embeddings).float()
         if ids is None:
-            ids = [str(p) for p in images] if isinstance(images, (list, tuple)) else list(range(len(self.image_ids), len(self.image_ids) + len(c_i)))
+            start = len(self.image_ids)
+            ids = [str(p) for p in images] if isinstance(images, (list, tuple)) else list(range(start, start + len(c_i)))
         if len(ids) != len(c_i):
             raise ValueError(f"{len(ids)} ids for {len(c_i)} images")
         projected, nearest = semclip_project_images(c_i, self.text_vlm, self.text_semclip)

@@ -26,6 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from grounding.encoders import load_tokenizer
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
