@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 from grounding import feature_cache as fcache
-from grounding.vgbert import GroundingPretrain
+from grounding.vgbert import GroundingPretrain, MatchMapGrounding
 from grounding.vgbert.match_map import chunked_match_scores, match_map_flops, pair_loop_scores
 
 
@@ -60,8 +60,9 @@ def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int
     torch.manual_seed(0)
     heads = 12 if text_encoder != "tiny-random" else 4
     weights = "default" if backbone == "efficientnet_lite0" else None
-    module = GroundingPretrain(text_encoder=text_encoder, backbone=backbone, backbone_weights=weights,
-                               visual_heads=heads, trainable_layers=2, dropout=0.1, image_size=image_size)
+    module = GroundingPretrain(MatchMapGrounding(text_encoder=text_encoder, backbone=backbone, backbone_weights=weights,
+                                                 visual_heads=heads, trainable_layers=2, dropout=0.1,
+                                                 image_size=image_size))
     module.log = lambda *a, **k: None
     opt = torch.optim.Adam(module.trainable_parameters(), 1e-4)
 

@@ -21,13 +21,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from grounding.encoders import load_tokenizer
+from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
 from grounding.paths import resolve_path
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 SPLITS = ("train", "val", "test")
 WORLD_HINT = "run `python -m data_modules.synthetic --out data/world` for a small generated copy in every layout"
 

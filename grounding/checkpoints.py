@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from grounding.encoders import MissingWeightsError
+from grounding.nets import net_hparams
 
 
 class CheckpointError(MissingWeightsError, FileNotFoundError):
@@ -45,7 +46,7 @@ def load_submodules(target: torch.nn.Module, ckpt: dict, prefixes: dict[str, str
     Strict about the target's keys (every parameter/buffer of the named submodules must be in the
     checkpoint with the same shape); other checkpoint keys (e.g. stage-1 projection heads) are ignored.
     """
-    state, hp = ckpt["state_dict"], ckpt["hyper_parameters"]
+    state, hp = ckpt["state_dict"], net_hparams(ckpt["hyper_parameters"])
     for key, value in (matching_hparams or {}).items():
         if key in hp and hp[key] != value:
             raise CheckpointError(f"{what} checkpoint {path} was trained with {key}={hp[key]!r} but this model has "

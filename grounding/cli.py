@@ -15,6 +15,7 @@ import sys
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
+from grounding.encoders import backbone_normalisation
 from grounding.paths import EXPERIMENTS_DIR
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
@@ -28,6 +29,14 @@ def trainer_config_file() -> str:
     return os.environ.get("GROUNDING_TRAINER_CONFIG", str(EXPERIMENTS_DIR / "trainer" / "default.yaml"))
 
 
+def backbone_mean(backbone: str) -> tuple[float, ...]:
+    return backbone_normalisation(backbone)[0]
+
+
+def backbone_std(backbone: str) -> tuple[float, ...]:
+    return backbone_normalisation(backbone)[1]
+
+
 def resolve_precision(precision, accelerator) -> str:
     """``null`` precision means: bf16-mixed on a bf16-capable GPU, full 32-bit otherwise."""
     if precision is not None:
@@ -39,6 +48,16 @@ def resolve_precision(precision, accelerator) -> str:
 
 
 class GroundingCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        # Values the model and the data must share are written once, in the model's network: the
+        # tokenizer is the text encoder's, the crop size the visual stream's, the image normalisation
+        # the backbone's. (Stages that build their network from a checkpoint still give them twice.)
+        net = "model.init_args.net.init_args"
+        parser.link_arguments(f"{net}.text_encoder", "data.init_args.text_encoder")
+        parser.link_arguments(f"{net}.image_size", "data.init_args.image_size")
+        parser.link_arguments(f"{net}.backbone", "data.init_args.mean", compute_fn=backbone_mean)
+        parser.link_arguments(f"{net}.backbone", "data.init_args.std", compute_fn=backbone_std)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer

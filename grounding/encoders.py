@@ -21,6 +21,7 @@ from torch import nn
 
 OFFLINE_TEXT_ENCODER = "minilm"
 TINY_TEXT_ENCODER = "tiny-random"
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class MissingWeightsError(RuntimeError):
@@ -114,7 +115,7 @@ class VisualBackbone(nn.Module):
     """
 
     def __init__(self, body: nn.Module, out_channels: int, stride: int, name: str,
-                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), freeze: bool = True):
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, freeze: bool = True):
         super().__init__()
         self.body = body
         self.out_channels = out_channels
@@ -211,6 +212,20 @@ def _load_state_dict(weights: str, name: str, default_file: str | None) -> dict:
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 
+def backbone_normalisation(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The input (mean, std) a backbone was trained with, known from its name without building it: the
+    DataModule's image normalisation follows the model's backbone (``GroundingCLI`` links the two)."""
+    if name == "efficientnet_lite0":  # Lite models were trained on inputs scaled to [-1, 1]
+        return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    if name.startswith("timm:"):
+        import timm  # here: timm's model registry loads only for timm backbones
+
+        cfg = timm.get_pretrained_cfg(name.split(":", 1)[1])
+        cfg = cfg.to_dict() if cfg is not None and hasattr(cfg, "to_dict") else (cfg or {})
+        return tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+    return IMAGENET_MEAN, IMAGENET_STD
+
+
 def load_visual_backbone(name: str = "efficientnet_lite0", weights: str | None = "default",
                          freeze: bool = True) -> VisualBackbone:
     """A visual backbone by name: ``vgg16``, ``efficientnet_lite0``, ``tiny_cnn`` or ``timm:<model>``.
@@ -221,9 +236,8 @@ def load_visual_backbone(name: str = "efficientnet_lite0", weights: str | None =
     if name == "vgg16":
         return VisualBackbone(_vgg16_body(weights), 512, 16, name, freeze=freeze)
     if name == "efficientnet_lite0":
-        # Lite models were trained on inputs scaled to [-1, 1].
-        return VisualBackbone(_efficientnet_lite0_body(weights), 1280, 32, name,
-                              mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), freeze=freeze)
+        mean, std = backbone_normalisation(name)
+        return VisualBackbone(_efficientnet_lite0_body(weights), 1280, 32, name, mean=mean, std=std, freeze=freeze)
     if name == "tiny_cnn":
         return VisualBackbone(_tiny_cnn_body(), 64, 16, name, freeze=freeze)
     if name.startswith("timm:"):
@@ -242,8 +256,7 @@ def load_visual_backbone(name: str = "efficientnet_lite0", weights: str | None =
         info = body.feature_info[-1]
         cfg = body.pretrained_cfg if hasattr(body, "pretrained_cfg") else {}
         return VisualBackbone(_LastFeature(body), info["num_chs"], info["reduction"], name,
-                              mean=cfg.get("mean", (0.485, 0.456, 0.406)), std=cfg.get("std", (0.229, 0.224, 0.225)),
-                              freeze=freeze)
+                              mean=cfg.get("mean", IMAGENET_MEAN), std=cfg.get("std", IMAGENET_STD), freeze=freeze)
     raise ValueError(f"Unknown visual backbone {name!r}: use vgg16, efficientnet_lite0, tiny_cnn or timm:<model>.")
 
 

@@ -18,6 +18,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grounding.feature_cache import FeatureCache
+from grounding.nets import as_net, net_spec
 
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -29,7 +30,8 @@ def default_optimizer(params: Iterable) -> torch.optim.Optimizer:
 
 class GroundingModule(LightningModule):
     """Base LightningModule: subclasses set ``monitor``/``monitor_mode`` and call
-    ``super().__init__(optimizer, lr_scheduler)``; the maths lives in plain nn.Modules."""
+    ``super().__init__(optimizer, lr_scheduler)``; the maths lives in plain nn.Modules, injected as
+    ``net`` (see :mod:`grounding.nets`) and kept with :meth:`adopt_net`."""
 
     monitor: str = "val/loss"
     monitor_mode: str = "min"
@@ -42,6 +44,13 @@ class GroundingModule(LightningModule):
         super().__init__()
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
+
+    def adopt_net(self, net):
+        """The stage's injected network (built, or its spec when a checkpoint is reloaded outside the
+        CLI); its spec goes into the hyperparameters so the checkpoint can rebuild it."""
+        net = as_net(net)
+        self.hparams["net"] = net_spec(net)
+        return net
 
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]

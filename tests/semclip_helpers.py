@@ -30,10 +30,10 @@ def save_module(module, path: Path, class_path: str, run_config: dict | None = N
 
 
 def tiny_baseline_ckpt(folder: Path, seed: int = 0) -> Path:
-    from grounding.vgbert.baseline import DualEncoderBaseline
+    from grounding.vgbert.baseline import DualEncoder, DualEncoderBaseline
 
     torch.manual_seed(seed)
-    module = DualEncoderBaseline(**TINY_VLM, feature_cache=False).eval()
+    module = DualEncoderBaseline(DualEncoder(**TINY_VLM), feature_cache=False).eval()
     return save_module(module, Path(folder) / "checkpoints" / "last.ckpt", "grounding.vgbert.DualEncoderBaseline",
                        {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64})
 

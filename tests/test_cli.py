@@ -45,3 +45,30 @@ def test_wandb_logger_is_offline_unless_wandb_mode_says_otherwise(monkeypatch, t
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert WandbLogger(save_dir=str(tmp_path))._offline is offline
+
+
+def test_data_follows_the_models_network(monkeypatch):
+    """The tokenizer, crop size and image normalisation are written once, in the model's net (links)."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from grounding.cli import GroundingCLI
+
+    net = "--model.init_args.net.init_args"
+    cli = GroundingCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                       auto_configure_optimizers=False, run=False,
+                       args=["--config", str(REPO_ROOT / "experiments" / "vgbert" / "stage1_tiny.yaml"),
+                             f"{net}.text_encoder=tiny-random", f"{net}.visual_heads=4", f"{net}.backbone=tiny_cnn",
+                             f"{net}.backbone_weights=null", f"{net}.image_size=64", "--trainer.logger=false"])
+    dm = cli.datamodule
+    assert (dm.text_encoder, dm.image_size) == ("tiny-random", 64)
+    assert tuple(dm.mean) == cli.model.model.visual.backbone.mean == (0.485, 0.456, 0.406)  # tiny_cnn: ImageNet's
+    assert cli.model.hparams.net["init_args"]["text_encoder"] == "tiny-random"
+
+
+def test_backbone_normalisation_matches_the_built_backbones():
+    from grounding.encoders import backbone_normalisation, load_visual_backbone
+
+    for name in ("tiny_cnn", "efficientnet_lite0"):
+        backbone = load_visual_backbone(name, weights=None)
+        assert backbone_normalisation(name) == (backbone.mean, backbone.std)
+    assert backbone_normalisation("efficientnet_lite0")[0] == (0.5, 0.5, 0.5)

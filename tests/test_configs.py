@@ -67,9 +67,12 @@ def offline_overrides(path, world, tmp_path):
     args = ["--config", str(EXPERIMENTS_DIR / "trainer" / "csv_logger.yaml"), "--trainer.fast_dev_run=true",
             "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
     model_args = (cfg["model"].get("init_args") or {})
+    net_args = ((model_args.get("net") or {}).get("init_args") or {}) if isinstance(model_args.get("net"), dict) else {}
     for key, value in OFFLINE_MODEL.items():
         if key in model_args:
             args.append(f"--model.init_args.{key}={'null' if value is None else value}")
+        if key in net_args:
+            args.append(f"--model.init_args.net.init_args.{key}={'null' if value is None else value}")
     for key in ("export_dir", "export_path"):
         if key in model_args:
             args.append(f"--model.init_args.{key}={tmp_path / key}")

@@ -217,12 +217,12 @@ def test_language_stream_of_a_real_suite_checkpoint(tmp_path, monkeypatch):
     ``model.language.bert.`` found automatically, architecture from the saved hyperparameters)."""
     import lightning as L
 
-    from grounding.vgbert.pretrain import GroundingPretrain
+    from grounding.vgbert.pretrain import GroundingPretrain, MatchMapGrounding
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)
-    module = GroundingPretrain(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
-                               trainable_layers=1, image_size=32, feature_cache=False)
+    module = GroundingPretrain(MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                                                 visual_heads=4, trainable_layers=1, image_size=32), feature_cache=False)
     with torch.no_grad():  # make the BERT differ from a fresh tiny-random one
         module.model.language.bert.embeddings.word_embeddings.weight.add_(1.0)
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)

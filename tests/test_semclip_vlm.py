@@ -26,10 +26,10 @@ def test_dual_encoder_checkpoint_round_trip(tiny_world, tmp_path, monkeypatch):
     assert vlm.mean == (0.5, 0.5, 0.5) and vlm.image_size == 64 and vlm.dim == vlm.net.language_head.out_features
 
     # the same numbers as the module the checkpoint was written from
-    from grounding.vgbert.baseline import DualEncoderBaseline
+    from grounding.vgbert.baseline import DualEncoder, DualEncoderBaseline
 
     torch.manual_seed(0)
-    ref = DualEncoderBaseline(**TINY_VLM, feature_cache=False).eval()
+    ref = DualEncoderBaseline(DualEncoder(**TINY_VLM), feature_cache=False).eval()
     texts = ["A photo of a ball", "an orb next to a car"]
     ids, mask = tokenize(vlm.tokenizer, texts, 32)
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
 def test_load_vlm_errors(tmp_path):
     from grounding.checkpoints import CheckpointError
     from grounding.semclip.vlm import load_vlm, vlm_fingerprint
-    from grounding.vgbert.pretrain import GroundingPretrain
+    from grounding.vgbert.pretrain import GroundingPretrain, MatchMapGrounding
 
     with pytest.raises(ValueError, match="Unknown VLM spec"):
         load_vlm("clip:ViT-B/32")
@@ -84,8 +84,8 @@ def test_load_vlm_errors(tmp_path):
         vlm_fingerprint(f"hf-clip:{tmp_path / 'no-clip'}")
     with pytest.raises((ImportError, FileNotFoundError), match="open_clip|No open_clip weights"):
         load_vlm(f"open-clip:ViT-B-32:{tmp_path / 'absent.bin'}")
-    match_map = GroundingPretrain(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
-                                  feature_cache=False)
+    match_map = GroundingPretrain(MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                                                    visual_heads=2), feature_cache=False)
     ckpt = save_module(match_map, tmp_path / "m.ckpt", "grounding.vgbert.GroundingPretrain")
     with pytest.raises(CheckpointError, match="DualEncoderBaseline"):
         load_vlm(f"suite:{ckpt}")

@@ -10,7 +10,9 @@ import torch
 
 from grounding import feature_cache as fcache
 from grounding.losses import cross_modal_contrastive_loss
+from grounding.vgbert.baseline import DualEncoder
 from grounding.vgbert.match_map import chunked_match_scores, match_map, match_map_scores, pair_loop_scores
+from grounding.vgbert.pretrain import MatchMapGrounding
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
 TINY = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
@@ -130,9 +132,10 @@ def test_modules_train_and_evaluate_on_synthetic_batches(cls_name):
     import grounding.vgbert as vgbert
 
     torch.manual_seed(0)
-    module = getattr(vgbert, cls_name)(**TINY)
+    net = {"GroundingPretrain": vgbert.MatchMapGrounding, "DualEncoderBaseline": DualEncoder}[cls_name]
+    module = getattr(vgbert, cls_name)(net(**TINY))
     assert module.monitor == "val/rsum" and module.monitor_mode == "max"
-    assert module.hparams.text_encoder == "tiny-random"
+    assert module.hparams.net["init_args"]["text_encoder"] == "tiny-random"
     logged = {}
     module.log = lambda k, v, **kw: logged.__setitem__(k, float(torch.as_tensor(v).detach()))
     loss = module.training_step(_train_batch(), 0)
@@ -151,12 +154,12 @@ def test_pretrain_rejects_bad_configuration():
     from grounding.vgbert import GroundingPretrain
 
     with pytest.raises(ValueError, match="word_reduction"):
-        GroundingPretrain(**TINY, word_reduction="max")
+        GroundingPretrain(MatchMapGrounding(**TINY), word_reduction="max")
     with pytest.raises(ValueError, match="enable at least one"):
-        GroundingPretrain(**TINY, use_loss_l=False, use_loss_v=False)
+        GroundingPretrain(MatchMapGrounding(**TINY), use_loss_l=False, use_loss_v=False)
     with pytest.raises(ValueError, match="loss_terms"):
-        GroundingPretrain(**TINY, loss_terms="lv")
-    only_v = GroundingPretrain(**TINY, loss_terms="v")
+        GroundingPretrain(MatchMapGrounding(**TINY), loss_terms="lv")
+    only_v = GroundingPretrain(MatchMapGrounding(**TINY), loss_terms="v")
     assert (only_v.hparams.use_loss_l, only_v.hparams.use_loss_v) == (False, True)
 
 
@@ -254,7 +257,7 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
     L.seed_everything(0)
     dm = CocoCaptionsDataModule(root=str(tiny_world / "coco"), text_encoder="tiny-random", batch_size=8,
                                 image_size=64, resize_size=64)
-    module = GroundingPretrain(**TINY)
+    module = GroundingPretrain(MatchMapGrounding(**TINY))
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path)
     trainer.fit(module, dm)
@@ -265,8 +268,12 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
     assert len(caches) == len(distinct_image_lists) and all((c / "meta.json").is_file() for c in caches)
     # Batches now carry the cached (C, h, w) maps of the frozen tiny CNN instead of pixels.
     assert dm.datasets["train"].load_image(0).shape == (64, 4, 4)
+    # The checkpoint rebuilds the injected network from its recorded spec, weights included.
     reloaded = GroundingPretrain.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
-    assert reloaded.hparams.text_encoder == "tiny-random"
+    assert reloaded.hparams.net["init_args"]["text_encoder"] == "tiny-random"
+    assert isinstance(reloaded.model, MatchMapGrounding)
+    trained = module.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in reloaded.state_dict().items())
 
 
 def test_language_stream_trains_with_dropout():

@@ -240,11 +240,11 @@ def RelationalFinetune_monitor():
 
 def test_init_from_stage1_checkpoint(tmp_path):
     from grounding.checkpoints import CheckpointError
-    from grounding.vgbert.pretrain import GroundingPretrain
+    from grounding.vgbert.pretrain import GroundingPretrain, MatchMapGrounding
 
     torch.manual_seed(1)
-    stage1 = GroundingPretrain(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
-                               image_size=64, feature_cache=False)
+    stage1 = GroundingPretrain(MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                                                 visual_heads=2, image_size=64), feature_cache=False)
     path = tmp_path / "stage1.ckpt"
     torch.save({"state_dict": stage1.state_dict(), "hyper_parameters": dict(stage1.hparams)}, path)
     model = _tiny_module(init_from=str(path), relation_labels=["on", "near"], object_classes=["a", "b", "c"])
@@ -260,7 +260,8 @@ def test_init_from_stage1_checkpoint(tmp_path):
     torch.save({"state_dict": state, "hyper_parameters": {}}, bad)
     with pytest.raises(CheckpointError, match="bad.ckpt lacks .* 'visual'"):
         model.load_stage1(bad)
-    wrong = {**dict(stage1.hparams), "backbone": "vgg16"}
+    spec = stage1.hparams["net"]
+    wrong = {**dict(stage1.hparams), "net": {**spec, "init_args": {**spec["init_args"], "backbone": "vgg16"}}}
     torch.save({"state_dict": stage1.state_dict(), "hyper_parameters": wrong}, bad)
     with pytest.raises(CheckpointError, match="backbone"):
         model.load_stage1(bad)

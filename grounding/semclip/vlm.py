@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from data_modules.common import IMAGENET_MEAN, IMAGENET_STD, CaptionDataset, build_transform, open_rgb, tokenize
+from data_modules.common import CaptionDataset, build_transform, open_rgb, tokenize
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.encoders import load_tokenizer
+from grounding.nets import build_net
 from grounding.vgbert.baseline import DualEncoderBaseline
 from grounding.vgbert.search_heads import SearchHeads
 
@@ -74,7 +75,8 @@ class SuiteVLM:
     ``SearchHeads`` (F_V for images, F_L for texts, App. B.5). Outputs are unit vectors.
 
     ``mean`` / ``std`` / ``image_size`` / ``resize_size`` / ``max_length`` override what is read from
-    the checkpoint and its run's config.yaml (defaults: ImageNet statistics, 224 / 256, 32 tokens).
+    the checkpoint and its run's config.yaml (defaults: the backbone's input statistics, 224 / 256,
+    32 tokens).
     ``feature_cache``: image files go through the frozen CNN once (cached like the training's maps).
     """
 
@@ -94,8 +96,11 @@ class SuiteVLM:
         self.kind = kind
         if kind == "DualEncoderBaseline":
             cls = DualEncoderBaseline
-            hp.update(backbone_weights=None, feature_cache=False)  # every weight comes from the checkpoint
-            text_encoder, size = hp.get("text_encoder", "minilm"), hp.get("image_size", 224)
+            if not isinstance(hp.get("net"), dict):
+                raise CheckpointError(f"{self.path} holds no network spec (hyperparameter 'net'): it was written before "
+                                      "the baseline took an injected DualEncoder; retrain it with `make baseline`.")
+            hp.update(net=build_net(hp["net"], backbone_weights=None), feature_cache=False)  # weights: the checkpoint
+            text_encoder, size = hp["net"].init_args["text_encoder"], hp["net"].init_args["image_size"]
         else:
             cls = SearchHeads
             hp["stage2"] = dict(hp.get("stage2") or {}, backbone_weights=None)
@@ -111,8 +116,9 @@ class SuiteVLM:
         run = _run_config(self.path)
         self.image_size = int(image_size or run.get("image_size") or size)
         self.resize_size = int(resize_size or run.get("resize_size") or round(self.image_size * 256 / 224))
-        self.mean = tuple(mean or run.get("mean") or IMAGENET_MEAN)
-        self.std = tuple(std or run.get("std") or IMAGENET_STD)
+        # The backbone's own input statistics (what the CLI links into the DataModule) unless given.
+        self.mean = tuple(mean or run.get("mean") or self.backbone.mean)
+        self.std = tuple(std or run.get("std") or self.backbone.std)
         self.max_length = int(max_length or run.get("max_length") or 32)
         self.transform = build_transform(self.image_size, self.resize_size, self.mean, self.std)
         self.tokenizer = load_tokenizer(text_encoder)

@@ -16,10 +16,11 @@ from torch import nn
 from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
+from grounding.nets import RecordedNet
 from grounding.vgbert.streams import LanguageStream, VisualStream
 
 
-class DualEncoder(nn.Module):
+class DualEncoder(RecordedNet):
     """Two streams -> global pooling -> linear heads -> unit vectors."""
 
     def __init__(self, text_encoder: str = "minilm", backbone: str = "efficientnet_lite0",
@@ -51,23 +52,18 @@ class DualEncoder(nn.Module):
 
 
 class DualEncoderBaseline(CaptionRetrievalModule):
-    """CLIP-style baseline LightningModule (monitors ``val/rsum``, max).
+    """CLIP-style baseline LightningModule (monitors ``val/rsum``, max) over an injected :class:`DualEncoder`.
 
     ``temperature``: the initial (``learnable_temperature=True``, CLIP's log-parametrised scale,
     clamped to >= 0.01) or fixed softmax temperature.
     """
 
-    def __init__(self, text_encoder: str = "minilm", backbone: str = "efficientnet_lite0",
-                 backbone_weights: str | None = "default", trainable_layers: int = 8, freeze_query_key: bool = True,
-                 dropout: float = 0.3, visual_heads: int = 12, projection_dim: int | None = None,
-                 image_size: int = 224, text_pooling: str = "mean", temperature: float = 0.07,
-                 learnable_temperature: bool = True, feature_cache: bool = True, feature_cache_dir: str | None = None,
-                 eval_fold_size: int | None = None, optimizer: OptimizerCallable = default_optimizer,
-                 lr_scheduler: LRSchedulerCallable | None = None):
+    def __init__(self, net: DualEncoder, temperature: float = 0.07, learnable_temperature: bool = True,
+                 feature_cache: bool = True, feature_cache_dir: str | None = None, eval_fold_size: int | None = None,
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler, feature_cache, feature_cache_dir, eval_fold_size)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.model = DualEncoder(text_encoder, backbone, backbone_weights, trainable_layers, freeze_query_key,
-                                 dropout, visual_heads, projection_dim, image_size, text_pooling)
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
+        self.model = self.adopt_net(net)
         log_tau = torch.tensor(math.log(temperature))
         if learnable_temperature:
             self.log_temperature = nn.Parameter(log_tau)

@@ -18,11 +18,12 @@ from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.encoders import load_tokenizer
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
+from grounding.nets import RecordedNet
 from grounding.vgbert.match_map import REDUCTIONS, chunked_match_scores, match_map_scores
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
 
-class MatchMapGrounding(nn.Module):
+class MatchMapGrounding(RecordedNet):
     """Visual + language streams with separate linear projection heads into a common space."""
 
     def __init__(self, text_encoder: str = "minilm", backbone: str = "efficientnet_lite0",
@@ -67,24 +68,21 @@ LOSS_TERMS = {"both": (True, True), "l": (True, False), "v": (False, True)}
 class GroundingPretrain(CaptionRetrievalModule):
     """VG-BERT stage 1 (§3.1/§3.3, App. A.2) as a LightningModule; monitors ``val/rsum`` (max).
 
-    Args (paper defaults in brackets): text_encoder [bert-base-uncased; offline default minilm],
-    backbone [vgg16], trainable_layers k [8], freeze_query_key [True], dropout [0.3],
-    temperature tau [0.1], use_loss_l / use_loss_v [both] (or loss_terms "both" | "l" | "v"), word_reduction over words in Eq. 1
-    ["sum"; "mean" averages over valid words], count_special_tokens ([CLS]/[SEP] are not words:
-    False), visual_heads [12; must divide the text width], projection_dim [text width],
-    normalize (L2-normalise projected tokens; off in the paper), feature_cache [True],
-    max_match_elements (memory cap of the training match-map einsum), eval_image_chunk /
-    eval_text_chunk (evaluation blocks), eval_fold_size (COCO-1K folds; automatic at >= 5K images).
+    ``net``: the built :class:`MatchMapGrounding` (its architecture: text_encoder
+    [bert-base-uncased; offline default minilm], backbone [vgg16], trainable_layers k [8],
+    freeze_query_key [True], dropout [0.3], visual_heads [12; must divide the text width],
+    projection_dim [text width], count_special_tokens ([CLS]/[SEP] are not words: False), normalize
+    (L2-normalise projected tokens; off in the paper)). Training options (paper defaults in
+    brackets): temperature tau [0.1], use_loss_l / use_loss_v [both] (or loss_terms "both" | "l" |
+    "v"), word_reduction over words in Eq. 1 ["sum"; "mean" averages over valid words],
+    feature_cache [True], max_match_elements (memory cap of the training match-map einsum),
+    eval_image_chunk / eval_text_chunk (evaluation blocks), eval_fold_size (COCO-1K folds; automatic
+    at >= 5K images).
     """
 
-    def __init__(self, text_encoder: str = "minilm", backbone: str = "efficientnet_lite0",
-                 backbone_weights: str | None = "default", trainable_layers: int = 8, freeze_query_key: bool = True,
-                 dropout: float = 0.3, attention_dropout: float | None = None, visual_heads: int = 12,
-                 projection_dim: int | None = None, image_size: int = 224, temperature: float = 0.1,
-                 use_loss_l: bool = True, use_loss_v: bool = True, loss_terms: str | None = None,
-                 word_reduction: str = "sum",
-                 count_special_tokens: bool = False, normalize: bool = False, feature_cache: bool = True,
-                 feature_cache_dir: str | None = None, max_match_elements: int = 1 << 28,
+    def __init__(self, net: MatchMapGrounding, temperature: float = 0.1, use_loss_l: bool = True,
+                 use_loss_v: bool = True, loss_terms: str | None = None, word_reduction: str = "sum",
+                 feature_cache: bool = True, feature_cache_dir: str | None = None, max_match_elements: int = 1 << 28,
                  eval_image_chunk: int = 128, eval_text_chunk: int = 512, eval_fold_size: int | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler, feature_cache, feature_cache_dir, eval_fold_size)
@@ -96,11 +94,9 @@ class GroundingPretrain(CaptionRetrievalModule):
             raise ValueError(f"word_reduction must be one of {REDUCTIONS}; got {word_reduction!r}")
         if not (use_loss_l or use_loss_v):
             raise ValueError("use_loss_l and use_loss_v are both False: enable at least one loss term (Eq. 2).")
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
         self.hparams.use_loss_l, self.hparams.use_loss_v = use_loss_l, use_loss_v
-        self.model = MatchMapGrounding(text_encoder, backbone, backbone_weights, trainable_layers, freeze_query_key,
-                                       dropout, attention_dropout, visual_heads, projection_dim, image_size,
-                                       count_special_tokens, normalize)
+        self.model = self.adopt_net(net)
 
     def encode_images(self, images):
         return self.model.encode_images(images).flatten(1, 2)  # (B, h*w, p)

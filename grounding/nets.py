@@ -1,0 +1,74 @@
+"""Networks that remember how they were built, so a checkpoint can rebuild them.
+
+A LightningModule receives its built network as ``net`` (the lightning-hydra-template pattern: the
+config holds ``model.init_args.net: {class_path, init_args}``) and its own constructor holds training
+options only. A checkpoint must still be self-contained, whether the module was built by the CLI or
+in Python: every injectable network derives from :class:`RecordedNet`, which records its own
+constructor arguments; :func:`net_spec` turns a network into ``{"class_path", "init_args"}`` (stored
+in the module's hyperparameters) and :func:`build_net` rebuilds one from that spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any
+
+from torch import nn
+
+
+class RecordedNet(nn.Module):
+    """An ``nn.Module`` whose ``init_args`` are the arguments its (most derived) constructor received."""
+
+    init_args: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in vars(cls):
+            return
+        init = cls.__init__
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def recorded_init(self, *args, **kw):
+            init(self, *args, **kw)
+            # The most derived constructor records, after its parents' ran (they see another __init__).
+            if type(self).__init__ is recorded_init:
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                self.init_args = {k: v for k, v in bound.arguments.items() if k != "self"}
+
+        cls.__init__ = recorded_init
+
+
+def net_spec(net: RecordedNet) -> dict:
+    """``{"class_path": "<module>.<Class>", "init_args": {...}}`` of a built network."""
+    if not isinstance(net, RecordedNet):
+        raise TypeError(f"{type(net).__qualname__} does not record its constructor arguments; derive it from "
+                        "grounding.nets.RecordedNet so checkpoints can rebuild it.")
+    return {"class_path": f"{type(net).__module__}.{type(net).__qualname__}", "init_args": dict(net.init_args)}
+
+
+def build_net(spec: dict, **overrides) -> nn.Module:
+    """The network a :func:`net_spec` describes, with ``overrides`` replacing some of its init args."""
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        raise ValueError(f"expected a network spec {{'class_path': ..., 'init_args': {{...}}}}; got {spec!r}")
+    module_name, _, class_name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**{**dict(spec.get("init_args") or {}), **overrides})
+
+
+def as_net(net: nn.Module | dict) -> nn.Module:
+    """A LightningModule's ``net`` argument: a built network, or its spec (``load_from_checkpoint``
+    outside the CLI passes the stored hyperparameters back in)."""
+    return build_net(net) if isinstance(net, dict) else net
+
+
+def net_hparams(hparams: dict) -> dict:
+    """The architecture arguments of a checkpoint's hyperparameters: the network's ``init_args`` when
+    the network was injected, else the hyperparameters themselves (modules that build their own)."""
+    net = hparams.get("net")
+    if isinstance(net, dict) and isinstance(net.get("init_args"), dict):
+        return net["init_args"]
+    return hparams
