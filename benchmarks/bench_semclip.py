@@ -22,7 +22,7 @@ import torch
 from data_modules.similarity_lists import SimilarityListCollator
 from data_modules.wordnet_lists import SimilarityLists, WordNetNounGraph
 from grounding.semclip.alignment import SemanticIndex
-from grounding.semclip.ste import SemanticTextEmbedding
+from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
 
 
 def bench_wup(n_pairs: int = 300):
@@ -52,7 +52,7 @@ def bench_ste(lists_path: str, steps: int):
     results = {}
     for sparse in (True, False):
         torch.manual_seed(0)
-        m = SemanticTextEmbedding(vocab_size=len(lists.vocab), encoding_size=300, sparse=sparse)
+        m = SemanticTextEmbedding(STEEncoder(len(lists.vocab), encoding_size=300, sparse=sparse))
         enc = m.model
         if sparse:
             opts = [torch.optim.SparseAdam(list(enc.embedding.parameters()), lr=1e-2),

@@ -19,15 +19,15 @@ from .common import (
     WORLD_HINT,
     CaptionDataModule,
     CaptionSplit,
-    expect_keys,
+    MalformedDataError,
     karpathy_entries,
     karpathy_sentences,
     karpathy_split,
     malformed,
-    read_json,
     require_file,
     resolve,
 )
+from .formats import COCO_SCHEMA, CaptionImage, read_coco_json
 
 COCO_LAYOUT = """\
   <root>/annotations/captions_train2017.json   official COCO captions ("images" + "annotations")
@@ -36,8 +36,7 @@ COCO_LAYOUT = """\
   <root>/val2017/<file_name>.jpg
   <root>/dataset_coco.json                     optional Karpathy split file (layout: karpathy, or karpathy_file)"""
 
-OFFICIAL_SCHEMA = ('{"images": [{"id": int, "file_name": str, ...}], '
-                   '"annotations": [{"image_id": int, "caption": str, ...}]}')
+OFFICIAL_SCHEMA = COCO_SCHEMA
 COCO_HINT = ("point root at your COCO folder containing annotations/captions_train2017.json and the image "
              f"folders, or {WORLD_HINT} (root: data/world/coco)")
 
@@ -78,27 +77,11 @@ class CocoCaptionsDataModule(CaptionDataModule):
         """COCO id -> (image path, captions) from annotations/captions_<set>.json, in file order."""
         path = require_file(root / "annotations" / f"captions_{image_set}.json", self.dataset_name, COCO_LAYOUT,
                             COCO_HINT)
-        data = read_json(path, self.dataset_name, OFFICIAL_SCHEMA, COCO_HINT)
-        expect_keys(data, ["images", "annotations"], "the top level", path, self.dataset_name, OFFICIAL_SCHEMA,
-                    COCO_HINT)
-        for key in ("images", "annotations"):
-            if not isinstance(data[key], list):
-                raise malformed(path, self.dataset_name, f'has a non-list "{key}"', OFFICIAL_SCHEMA, COCO_HINT)
-        out: dict[int, tuple[Path, list[str]]] = {}
-        for i, img in enumerate(data["images"]):
-            expect_keys(img, ["id", "file_name"], f"images[{i}]", path, self.dataset_name, OFFICIAL_SCHEMA, COCO_HINT)
-            out[img["id"]] = (root / image_set / img["file_name"], [])
-        for i, ann in enumerate(data["annotations"]):
-            expect_keys(ann, ["image_id", "caption"], f"annotations[{i}]", path, self.dataset_name, OFFICIAL_SCHEMA,
-                        COCO_HINT)
-            if ann["image_id"] not in out:
-                raise malformed(path, self.dataset_name,
-                                f"has annotations[{i}] for image_id {ann['image_id']} that is not in \"images\"",
-                                OFFICIAL_SCHEMA, COCO_HINT)
-            out[ann["image_id"]][1].append(str(ann["caption"]))
-        return out
+        records = read_coco_json(path, MalformedDataError, COCO_HINT, self.dataset_name)
+        # an id listed twice keeps its first position and its last entry (the one its captions went to)
+        return {im.image_id: (root / image_set / im.file_name, im.captions) for im in records.images}
 
-    def _karpathy(self, root: Path) -> tuple[list[dict], Path]:
+    def _karpathy(self, root: Path) -> tuple[list[CaptionImage], Path]:
         name = self.karpathy_file or "dataset_coco.json"
         path = require_file(resolve(root, name), self.dataset_name, COCO_LAYOUT,
                             f"set karpathy_file to your dataset_coco.json (Karpathy's COCO split), or {COCO_HINT}")
@@ -111,7 +94,7 @@ class CocoCaptionsDataModule(CaptionDataModule):
             for e in entries:
                 split = karpathy_split(e, self.use_restval)
                 if split is not None:
-                    splits[split].add(root / e.get("filepath", "") / e["filename"], karpathy_sentences(e))
+                    splits[split].add(root / e.filepath / e.file_name, karpathy_sentences(e))
             return splits
 
         train = self._official(root, self.train_set)
@@ -128,16 +111,16 @@ class CocoCaptionsDataModule(CaptionDataModule):
         entries, kpath = self._karpathy(root)
         unknown = []
         for i, e in enumerate(entries):
-            if "cocoid" not in e:
+            if e.image_id is None:
                 raise malformed(kpath, self.dataset_name, f'lacks "cocoid" at images[{i}] (needed to join it with '
                                 f'the official annotations)', "Karpathy's dataset_coco.json", COCO_HINT)
             split = karpathy_split(e, self.use_restval)
             if split is None:
                 continue
-            if e["cocoid"] not in pooled:
-                unknown.append(e["cocoid"])
+            if e.image_id not in pooled:
+                unknown.append(e.image_id)
                 continue
-            path, caps = pooled[e["cocoid"]]
+            path, caps = pooled[e.image_id]
             splits[split].add(path, caps)
         if unknown:
             raise malformed(kpath, self.dataset_name,

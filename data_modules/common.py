@@ -24,6 +24,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
 from grounding.paths import resolve_path
 
+from . import formats
+from .formats import KARPATHY_SCHEMA as KARPATHY_SCHEMA  # re-exported: its home before formats.py
+from .formats import CaptionImage, karpathy_caption, read_karpathy_json
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
@@ -75,16 +79,7 @@ def require_file(path: Path, dataset: str, layout: str, hint: str) -> Path:
 
 def read_json(path: Path, dataset: str, schema: str, hint: str) -> Any:
     """Parse a JSON file once; a syntax error names the file, line, column and the expected schema."""
-    try:
-        with open(path, "rb") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise MalformedDataError(
-            f"{dataset}: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}).\n"
-            f"Expected: {schema}\nFix: {hint} (the file may be truncated: download it again)."
-        ) from e
-    except UnicodeDecodeError as e:
-        raise MalformedDataError(f"{dataset}: {path} is not UTF-8 JSON ({e}).\nExpected: {schema}\nFix: {hint}.") from e
+    return formats.load_json(path, MalformedDataError, hint, dataset, schema)
 
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -170,17 +165,12 @@ def iter_json_array(path: Path, dataset: str, schema: str, hint: str, chunk_char
 
 
 def malformed(path: Path, dataset: str, problem: str, schema: str, hint: str) -> MalformedDataError:
-    return MalformedDataError(f"{dataset}: {path} {problem}.\nExpected: {schema}\nFix: {hint}.")
+    return formats.format_error(MalformedDataError, dataset, path, problem, schema, hint)
 
 
 def expect_keys(obj: Any, keys: Sequence[str], where: str, path: Path, dataset: str, schema: str, hint: str) -> None:
     """``obj`` must be a dict holding every key in ``keys``; ``where`` says which element it is."""
-    if not isinstance(obj, dict):
-        raise malformed(path, dataset, f"has {type(obj).__name__} at {where} where an object was expected", schema, hint)
-    missing = [k for k in keys if k not in obj]
-    if missing:
-        raise malformed(path, dataset, f"lacks key(s) {missing} at {where} (keys present: {sorted(obj)[:12]})",
-                        schema, hint)
+    formats.expect_keys(obj, keys, where, path, MalformedDataError, dataset, schema, hint)
 
 
 def check_images_exist(paths: Iterable[Path], dataset: str, hint: str) -> None:
@@ -388,40 +378,25 @@ class CaptionEvalCollate(CaptionTrainCollate):
 
 
 # --------------------------------------------------------------------------------------------
-# Karpathy split files (dataset_coco.json / dataset_flickr30k.json / dataset_flickr8k.json)
+# Karpathy split files (dataset_coco.json / dataset_flickr30k.json / dataset_flickr8k.json),
+# read by data_modules.formats; KARPATHY_SCHEMA is re-exported from there.
 # --------------------------------------------------------------------------------------------
-KARPATHY_SCHEMA = ('{"images": [{"filename": str, "filepath": str (COCO only), "split": "train"|"val"|"test"|'
-                   '"restval", "sentences": [{"raw": str, "tokens": [str]}], ...}], "dataset": str}')
+def karpathy_entries(path: Path, dataset: str, hint: str) -> list[CaptionImage]:
+    """The validated images of a Karpathy split file (``file_name``, ``filepath``, ``split``,
+    ``image_id`` = cocoid, ``captions``)."""
+    return read_karpathy_json(path, MalformedDataError, hint, dataset).images
 
 
-def karpathy_entries(path: Path, dataset: str, hint: str) -> list[dict]:
-    """The validated ``images`` list of a Karpathy split file."""
-    data = read_json(path, dataset, KARPATHY_SCHEMA, hint)
-    expect_keys(data, ["images"], "the top level", path, dataset, KARPATHY_SCHEMA, hint)
-    images = data["images"]
-    if not isinstance(images, list):
-        raise malformed(path, dataset, '"images" is not a list', KARPATHY_SCHEMA, hint)
-    for i, entry in enumerate(images):
-        expect_keys(entry, ["filename", "split", "sentences"], f"images[{i}]", path, dataset, KARPATHY_SCHEMA, hint)
-        if not isinstance(entry["sentences"], list):
-            raise malformed(path, dataset, f'has a non-list "sentences" at images[{i}]', KARPATHY_SCHEMA, hint)
-    return images
+def karpathy_sentences(entry: CaptionImage | dict) -> list[str]:
+    """The captions of one image (a :class:`CaptionImage` or a raw Karpathy JSON entry)."""
+    if isinstance(entry, CaptionImage):
+        return list(entry.captions)
+    return [karpathy_caption(s) for s in entry["sentences"]]
 
 
-def karpathy_sentences(entry: dict) -> list[str]:
-    out = []
-    for s in entry["sentences"]:
-        if isinstance(s, dict):
-            raw = s.get("raw") or " ".join(s.get("tokens", []))
-        else:
-            raw = str(s)
-        out.append(raw)
-    return out
-
-
-def karpathy_split(entry: dict, use_restval: bool = True) -> str | None:
+def karpathy_split(entry: CaptionImage | dict, use_restval: bool = True) -> str | None:
     """Karpathy's split name mapped to ours: restval -> train (if wanted); anything else dropped."""
-    split = entry["split"]
+    split = entry.split if isinstance(entry, CaptionImage) else entry["split"]
     if split == "restval":
         return "train" if use_restval else None
     return split if split in SPLITS else None

@@ -27,7 +27,7 @@ from .common import (
     require_file,
     resolve,
 )
-from .formats import read_flickr_token_pairs
+from .formats import read_flickr_token_pairs, read_text, split_lines
 
 FLICKR_LAYOUT = """\
   Karpathy format:  <root>/dataset_flickr30k.json (or dataset_flickr8k.json) + <root>/<image_dir>/<filename>.jpg
@@ -52,9 +52,10 @@ def read_token_file(path: Path, dataset: str = "Flickr") -> dict[str, list[str]]
     return group_captions(read_flickr_token_pairs(path, MalformedDataError, FLICKR_HINT, dataset))
 
 
-def read_split_list(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [ln.strip() for ln in f if ln.strip()]
+def read_split_list(path: Path, dataset: str = "Flickr") -> list[str]:
+    """One image file name a line (blank lines skipped)."""
+    text = read_text(path, MalformedDataError, FLICKR_HINT, dataset, "UTF-8 text, one image file name a line")
+    return [ln.strip() for ln in split_lines(text) if ln.strip()]
 
 
 class FlickrDataModule(CaptionDataModule):
@@ -129,7 +130,7 @@ class FlickrDataModule(CaptionDataModule):
             for e in karpathy_entries(path, self.dataset_name, FLICKR_HINT):
                 split = karpathy_split(e, use_restval=True)
                 if split is not None:
-                    splits[split].add(image_dir / e["filename"], karpathy_sentences(e))
+                    splits[split].add(image_dir / e.file_name, karpathy_sentences(e))
             return splits
 
         captions = read_token_file(path, self.dataset_name)
@@ -140,7 +141,7 @@ class FlickrDataModule(CaptionDataModule):
                 "the token format needs one image list per split (Flickr8k ships Flickr_8k.trainImages.txt, "
                 "Flickr_8k.devImages.txt, Flickr_8k.testImages.txt; Flickr30K has no official lists: use Karpathy's "
                 "dataset_flickr30k.json as karpathy_file) or set split_files: {train: ..., val: ..., test: ...}")
-            listed = read_split_list(list_path)
+            listed = read_split_list(list_path, self.dataset_name)
             for file_name in listed:  # the split = its listed images that have captions
                 if file_name in captions:
                     splits[split].add(image_dir / file_name, captions[file_name])

@@ -41,6 +41,7 @@ from .common import (
     resolve,
     tokenize,
 )
+from .vg_cleaning import CleanedVGLabelMapping
 
 log = logging.getLogger(__name__)
 
@@ -498,8 +499,6 @@ class VisualGenomeDataModule(GroundingDataModule):
     def _resolve_mapping(self) -> LabelMapping | None:
         if not isinstance(self.label_mapping, str):
             return self.label_mapping
-        from .vg_cleaning import CleanedVGLabelMapping  # VG-BERT's cleaning output file
-
         return CleanedVGLabelMapping.from_file(resolve_path(self.label_mapping))
 
     def _labels(self, mapping: LabelMapping) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,9 @@
 A LightningCLI over every LightningModule and DataModule of the suite (selectable by class name).
 The shared trainer setup in ``experiments/trainer/default.yaml`` is loaded before the stage
 config, so every stage trains with the same accelerator/DDP/precision/checkpoint/logging policy
-and a stage config holds only what is specific to it.
+and a stage config holds only what is specific to it. A stage config may name another as its
+``base:`` (a path relative to it): the base is loaded first and the config holds only what differs,
+so a tiny config is the paper config plus overrides.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 
+import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
@@ -37,6 +41,10 @@ def backbone_std(backbone: str) -> tuple[float, ...]:
     return backbone_normalisation(backbone)[1]
 
 
+def weights_unless_init_from(init_from: str | None) -> str | None:
+    return None if init_from else "default"
+
+
 def resolve_precision(precision, accelerator) -> str:
     """``null`` precision means: bf16-mixed on a bf16-capable GPU, full 32-bit otherwise."""
     if precision is not None:
@@ -57,6 +65,25 @@ class GroundingCLI(LightningCLI):
         parser.link_arguments(f"{net}.image_size", "data.init_args.image_size")
         parser.link_arguments(f"{net}.backbone", "data.init_args.mean", compute_fn=backbone_mean)
         parser.link_arguments(f"{net}.backbone", "data.init_args.std", compute_fn=backbone_std)
+        # A stage that starts from a checkpoint (init_from) takes its frozen CNN from it: no ImageNet file.
+        parser.link_arguments("model.init_args.init_from", f"{net}.backbone_weights", compute_fn=weights_unless_init_from)
+        # Stage 2's label sets are the DataModule's (its Visual Genome cleaning / mapping) and size the
+        # network; jsonargparse skips these links for a DataModule without the attribute.
+        for labels, size in (("relation_labels", "num_relations"), ("object_classes", "num_object_classes")):
+            parser.link_arguments(f"data.{labels}", f"model.init_args.{labels}", compute_fn=list, apply_on="instantiate")
+            parser.link_arguments(f"data.{labels}", f"{net}.{size}", compute_fn=len, apply_on="instantiate")
+        # The STE's vocabulary is the similarity lists'; SemCLIP's Γ_t maps the pairs' VLM width to the STE's.
+        parser.link_arguments("data.vocab", f"{net}.vocab_size", compute_fn=len, apply_on="instantiate")
+        parser.link_arguments("data.vlm_dim", f"{net}.in_dim", apply_on="instantiate")
+        parser.link_arguments("data.ste_dim", f"{net}.out_dim", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        # A stage config's `base:` is loaded before it (see expand_config_bases).
+        if args is None:
+            sys.argv[1:] = expand_config_bases(sys.argv[1:])
+        elif isinstance(args, (list, tuple)):
+            args = expand_config_bases(list(args))
+        super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -68,6 +95,39 @@ class GroundingCLI(LightningCLI):
             init_args = getattr(logger, "init_args", None)
             if init_args is not None and "save_dir" in init_args and init_args.save_dir is None:
                 init_args.save_dir = trainer.default_root_dir or "outputs"
+
+
+def expand_config_bases(args: list[str]) -> list[str]:
+    """``--config FILE`` whose YAML names ``base: OTHER`` becomes ``--config OTHER --config <FILE's other
+    keys>`` (recursively), so jsonargparse merges the override onto its base in that order."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--config" and i + 1 < len(args):
+            out += _config_chain(args[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            out += _config_chain(arg.split("=", 1)[1])
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        return ["--config", path]  # jsonargparse reports it (or it is an inline YAML string)
+    cfg = yaml.safe_load(file.read_text())
+    if not isinstance(cfg, dict) or "base" not in cfg:
+        return ["--config", path]
+    base = (file.parent / cfg.pop("base")).resolve()
+    if str(base) in seen or not base.is_file():
+        print(f"{path}: `base: {base}` " + ("is a cycle of bases" if base.is_file() else "does not exist")
+              + "; name an existing config file, relative to this one.", file=sys.stderr)
+        raise SystemExit(2)
+    return _config_chain(str(base), (*seen, str(base))) + ["--config", yaml.safe_dump(cfg, sort_keys=False)]
 
 
 def main(args=None) -> GroundingCLI:

@@ -91,3 +91,46 @@ def test_crg_stats_show_and_mcd_commands(tmp_path, capsys, monkeypatch):
     assert len(split["images"]) == 2 and all(len(im["sentences"]) == 3 for im in split["images"])
     assert main(["crg", "--captions", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x")]) == 2
     assert list((tmp_path / "cache" / "composer" / "parses").glob("spacy-*.json.gz"))
+
+
+def test_config_files_load_and_the_command_line_wins(tmp_path, capsys):
+    from grounding.composer.__main__ import parse_args
+    from grounding.paths import EXPERIMENTS_DIR
+
+    cfg = EXPERIMENTS_DIR / "composer" / "mcd_world.yaml"  # options nested under `mcd:`
+    args = parse_args(["mcd", "--k", "7", "--config", str(cfg), "--no-cache"])  # before or after --config
+    assert (args.command, args.k, args.levels, args.no_cache) == ("mcd", 7, 8, True)
+    assert args.candidates_images == ["data/world/flickr/Flickr_8k.devImages.txt", "data/world/flickr/Flickr_8k.testImages.txt"]
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("captions: a.txt\ncaptions_split: [train, restval]\nworkers: 3\ndegrade: 0.1\n")
+    args = parse_args(["crg", f"--config={flat}"])
+    assert (args.captions, args.captions_split, args.workers, args.degrade, args.out) == ("a.txt", ["train", "restval"], 3, 0.1, None)
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("crg:\n  captions: a.txt\n  captoins_split: [train]\n")
+    for argv in (["crg", "--config", str(bad)], ["crg", "--captoins", "x"], ["crg", "--workers", "many"],
+                 ["crg", "--config", str(tmp_path / "missing.yaml")], ["frob"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "error:" in err, (argv, err)
+    assert main(["crg", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "captoins_split" in err and str(bad) in err
+    assert main(["crg", "--out", str(tmp_path / "x")]) == 2 and "needs --captions" in capsys.readouterr().err
+
+
+def test_reader_takes_mcd_outputs_and_reports_non_utf8(tmp_path):
+    mcd_file = tmp_path / "mcd.json"  # COMPOSER's own Karpathy-layout output: no cocoid; a split may be absent
+    mcd_file.write_text(json.dumps({"dataset": "flickr8k", "images": [
+        {"filename": "a.jpg", "imgid": 0, "sentences": [{"raw": "A dog .", "tokens": ["a", "dog"]}]}]}))
+    cs = read_captions(mcd_file)
+    assert cs.captions == ["A dog ."] and cs.splits == [""] and cs.image_ids == [0] and cs.dataset == "flickr8k"
+    latin = tmp_path / "latin.token.txt"
+    latin.write_bytes("img0.jpg#0\tA dog .\nimg0.jpg#1\tA caf\xe9 .\n".encode("latin-1"))
+    with pytest.raises(CaptionFileError, match=r"latin\.token\.txt:2 is not UTF-8"):
+        read_captions(latin)
+    lst = tmp_path / "list.txt"
+    lst.write_bytes(b"img\xe90.jpg\n")
+    with pytest.raises(CaptionFileError, match=r"list\.txt:1 is not UTF-8"):
+        read_captions(_token_file(tmp_path), images_list=lst)

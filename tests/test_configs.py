@@ -28,10 +28,25 @@ OFFLINE_MODEL = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbon
                  "visual_heads": 4, "init_from": None}
 
 
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def stage_config(path):
+    """A stage config as the CLI sees it: its `base:` chain merged under it."""
+    cfg = yaml.safe_load(path.read_text())
+    if isinstance(cfg, dict) and "base" in cfg:
+        cfg = _merge(stage_config((path.parent / cfg.pop("base")).resolve()), cfg)
+    return cfg
+
+
 def lightning_configs():
     out = []
     for path in sorted(EXPERIMENTS_DIR.rglob("*.yaml")):
-        cfg = yaml.safe_load(path.read_text())
+        cfg = stage_config(path)
         if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and "class_path" in cfg["model"]:
             out.append(path)
     return out
@@ -55,7 +70,7 @@ def test_config_parses_with_print_config(path):
         main(["fit", "--config", str(path), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(buf.getvalue())
-    source = yaml.safe_load(path.read_text())
+    source = stage_config(path)
     assert printed["model"]["class_path"].endswith(source["model"]["class_path"].split(".")[-1])
     assert printed["data"]["class_path"].endswith(source["data"]["class_path"].split(".")[-1])
     # the shared trainer config was loaded underneath the stage config
@@ -63,7 +78,7 @@ def test_config_parses_with_print_config(path):
 
 
 def offline_overrides(path, world, tmp_path):
-    cfg = yaml.safe_load(path.read_text())
+    cfg = stage_config(path)
     args = ["--config", str(EXPERIMENTS_DIR / "trainer" / "csv_logger.yaml"), "--trainer.fast_dev_run=true",
             "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
     model_args = (cfg["model"].get("init_args") or {})

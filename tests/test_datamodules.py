@@ -760,3 +760,23 @@ def test_malformed_flickr_token_line_names_file_line_and_format(tmp_path):
     assert f"{f}:3" in msg and "<caption number><TAB><caption>" in msg and "Fix:" in msg
     f.write_text("a.jpg#0\tA dog runs .\na.jpg#1\t A dog . \n\nb.jpg#0\tA cat .\n")
     assert read_token_file(f) == {"a.jpg": ["A dog runs .", "A dog ."], "b.jpg": ["A cat ."]}
+
+
+def test_non_utf8_caption_and_list_files_name_file_and_line(tmp_path):
+    write_flickr_token(tmp_path)
+    token = tmp_path / "Flickr8k.token.txt"
+    lines = token.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"\t", b"\t\xe9 ", 1)  # a Latin-1 byte on line 3
+    token.write_bytes(b"\n".join(lines))
+    with pytest.raises(MalformedDataError, match=r"Flickr8k\.token\.txt:3 is not UTF-8 text") as e:
+        FlickrDataModule(root=str(tmp_path), **SMALL).setup()
+    assert "Expected:" in str(e.value) and "Fix:" in str(e.value)
+    write_flickr_token(tmp_path)
+    (tmp_path / "Flickr_8k.devImages.txt").write_bytes(b"1006_abc.jpg\n1007_\xff.jpg\n")
+    with pytest.raises(MalformedDataError, match=r"Flickr_8k\.devImages\.txt:2 is not UTF-8 text"):
+        FlickrDataModule(root=str(tmp_path), **SMALL).setup()
+    write_coco(tmp_path / "coco")
+    ann = tmp_path / "coco" / "annotations" / "captions_val2017.json"
+    ann.write_bytes(ann.read_bytes().replace(b"a", b"\xe0", 1))
+    with pytest.raises(MalformedDataError, match=r"captions_val2017\.json is not UTF-8 JSON \(line 1"):
+        CocoCaptionsDataModule(root=str(tmp_path / "coco"), **SMALL).setup()

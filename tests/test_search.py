@@ -58,12 +58,12 @@ def _trainer(tmp_path, **kw):
 def test_search_heads_from_stage2_checkpoint(tmp_path, location):
     from grounding.checkpoints import CheckpointError
     from grounding.vgbert.finetune import RelationalFinetune
-    from grounding.vgbert.relational import sinusoidal_grid_encoding
+    from grounding.vgbert.relational import VGBertRelational, sinusoidal_grid_encoding
     from grounding.vgbert.search_heads import SearchHeads
 
     torch.manual_seed(0)
-    stage2 = RelationalFinetune(**TINY_STAGE2, **location, feature_cache=False, relation_labels=["on", "near"],
-                                object_classes=["ball", "box", "car"])
+    stage2 = RelationalFinetune(VGBertRelational(2, 3, **TINY_STAGE2, **location), ["on", "near"],
+                                ["ball", "box", "car"], feature_cache=False)
     path = tmp_path / "stage2.ckpt"
     torch.save({"state_dict": stage2.state_dict(), "hyper_parameters": dict(stage2.hparams)}, path)
     heads = SearchHeads(init_from=str(path), feature_cache=False)

@@ -312,3 +312,71 @@ def test_concreteness_end_to_end_on_semcat_subset(shared_data, tmp_path, monkeyp
     # Concrete categories are rated above abstract ones (a sanity check on the loader join).
     c = res.categories.set_index("category").mean_concreteness
     assert c["animal"] > c["emotions"] and c["car"] > c["virtues"]
+
+
+# --------------------------------------------------------------------------------------------
+# Command line (jsonargparse): configs, flags, errors
+# --------------------------------------------------------------------------------------------
+def _cli_config(argv):
+    from grounding.semantic_space.__main__ import _config_first, build_parser, config_from_args
+    from grounding.semantic_space.report import merge_config
+
+    return merge_config(config_from_args(build_parser().parse_args(_config_first(argv))))
+
+
+def test_cli_reads_the_report_configs_and_flags_win():
+    import yaml
+
+    from grounding.paths import EXPERIMENTS_DIR
+    from grounding.semantic_space.report import merge_config
+
+    for p in sorted((EXPERIMENTS_DIR / "semantic_space").glob("*.yaml")):
+        assert _cli_config(["--config", str(p)]) == merge_config(yaml.safe_load(p.read_text())["semantic_space"]), p
+    demo = str(EXPERIMENTS_DIR / "semantic_space" / "demo.yaml")
+    cfg = _cli_config(["--out", "elsewhere", "--config", demo, "--n-jobs", "4", "--no-cache", "--loo", "exact",
+                       "--names", "A", "B", "C", "--embedding.batch_size", "8"])
+    assert cfg["out"] == "elsewhere" and [m["name"] for m in cfg["models"]] == ["A", "B", "C"]
+    assert cfg["models"][1]["source"].endswith("stage1_tiny/checkpoints/last.ckpt") and cfg["models"][1]["prefix"] == "auto"
+    assert cfg["property_norms_part"]["n_jobs"] == 4 and cfg["property_norms_part"]["n_components"] == 32
+    assert cfg["property_norms_part"]["loo"] == "exact"
+    assert cfg["embedding"] == {"batch_size": 8, "pool_special_tokens": True, "max_length": 32, "cache": False,
+                                "vocabulary_sample": 4096}
+    cfg = _cli_config(["--models", "minilm", "a.ckpt", "--names", "M", "G", "--prefix", "auto", "model.bert.",
+                       "--vocabulary-sample", "64", "--n-components", "5"])
+    assert cfg["models"] == [
+        {"name": "M", "prefix": "auto", "text_encoder": None, "tokenizer": None, "source": "minilm"},
+        {"name": "G", "prefix": "model.bert.", "text_encoder": None, "tokenizer": None, "source": "a.ckpt"}]
+    assert cfg["embedding"]["vocabulary_sample"] == 64 and cfg["property_norms_part"]["n_components"] == 5
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    from grounding.semantic_space.__main__ import main
+
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("semantic_space:\n  models: [minilm]\n  embedding: {batch_sise: 8}\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("models: [minilm]\nouts: x\n")
+    for argv, needle in [(["--config", str(nested)], "embedding.batch_sise"), (["--config", str(top)], "outs"),
+                         (["--models", "minilm", "--bogus"], "--bogus"), ([], "no models given"),
+                         (["--models", "minilm", "x", "--names", "a"], "one value per model"),
+                         (["--models", "minilm", "--parts", "nope"], "unknown parts"),
+                         (["--models", "minilm", "--loo", "maybe"], "maybe")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, (argv, err)
+        assert all(str(p) in err for p in argv if p.endswith(".yaml"))
+
+
+def test_cli_writes_a_report(tmp_path, monkeypatch, capsys):
+    from grounding.semantic_space.__main__ import main
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    sem = tmp_path / "semcat"
+    sem.mkdir()
+    (sem / "animal-3.txt").write_text("zebra\nhorse\npanda\n")
+    (sem / "car-2.txt").write_text("car\nbus\n")
+    out = tmp_path / "report"
+    assert main(["--models", "tiny-random", "tiny-random", "--names", "A", "B", "--semcat", str(sem), "--parts",
+                 "clustering", "--vocabulary-sample", "64", "--no-cache", "--out", str(out)]) == 0
+    assert (out / "report.md").is_file() and (out / "silhouettes.csv").is_file()
+    assert "total:" in capsys.readouterr().out

@@ -54,7 +54,7 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
     # keyed by the caption file's content
     captions.write_text("A car.\n")
     assert AlignmentPairsDataModule(**args).cache_path() != path
-    with pytest.raises(FileNotFoundError, match="Caption file"):
+    with pytest.raises(FileNotFoundError, match="(?i)caption file"):
         AlignmentPairsDataModule(**{**args, "captions": str(tmp_path / "none.json")}).cache_path()
     assert alignment_pairs.read_captions(semclip_inputs["captions"])  # COCO JSON
 
@@ -64,7 +64,7 @@ def test_alignment_module_trains_and_exports(tmp_path):
     from torch.utils.data import DataLoader, TensorDataset
 
     from grounding.semclip.align import SemCLIPAlignment
-    from grounding.semclip.alignment import load_transform, recovery_error
+    from grounding.semclip.alignment import AlignmentTransform, load_transform, recovery_error
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=g)
@@ -72,7 +72,7 @@ def test_alignment_module_trains_and_exports(tmp_path):
     train = DataLoader(TensorDataset(x[:80], y[:80]), batch_size=20, shuffle=True, generator=g)
     val = DataLoader(TensorDataset(x[80:], y[80:]), batch_size=16)
     torch.manual_seed(0)
-    module = SemCLIPAlignment(in_dim=8, out_dim=5, hidden=64, export_path=str(tmp_path / "transform.pt"))
+    module = SemCLIPAlignment(AlignmentTransform(in_dim=8, out_dim=5, hidden=64), export_path=str(tmp_path / "transform.pt"))
     with torch.no_grad():
         before = float(((module(x[80:]) - y[80:]) ** 2).sum(-1).mean())
     trainer = Trainer(max_epochs=30, check_val_every_n_epoch=15, logger=False, enable_progress_bar=False,

@@ -40,8 +40,7 @@ def test_ste_puts_list_members_nearest(tmp_path):
     torch.manual_seed(0)
     lists = _synthetic_lists()
     model = STEEncoder(len(lists.vocab), encoding_size=32, sparse=True)
-    module = SemanticTextEmbedding(vocab_size=len(lists.vocab), encoding_size=32)
-    module.model = model
+    module = SemanticTextEmbedding(model)
     collate = SimilarityListCollator(lists)
     opt_sparse = torch.optim.SparseAdam(list(model.embedding.parameters()), lr=1e-1)
     opt_dense = torch.optim.Adam(list(model.encoder.parameters()) + list(model.projection.parameters()), lr=1e-2)
@@ -72,8 +71,8 @@ def test_lightning_fit_and_export(tmp_path):
     curated = tmp_path / "lists.jsonl"
     curated.write_text("\n".join(json.dumps({"anchor": lists.vocab[a], "similar": lists.list_of(lists.vocab[a])}) for a in lists.anchors))
     dm = SimilarityListsDataModule(curated=str(curated), batch_size=8, val_anchors=8)
-    module = SemanticTextEmbedding(encoding_size=32, export_dir=str(tmp_path / "ste"), embedding_lr=0.1,
-                                   optimizer=lambda p: torch.optim.Adam(p, lr=1e-2))
+    module = SemanticTextEmbedding(STEEncoder(len(dm.vocab), encoding_size=32), export_dir=str(tmp_path / "ste"),
+                                   embedding_lr=0.1, optimizer=lambda p: torch.optim.Adam(p, lr=1e-2))
     trainer = Trainer(max_epochs=40, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=dm)
@@ -89,11 +88,11 @@ def test_lightning_fit_and_export(tmp_path):
 
 def test_checkpoint_restores_vocabulary(tmp_path):
     lists = _synthetic_lists(groups=2)
-    module = SemanticTextEmbedding(vocab_size=len(lists.vocab), encoding_size=8)
+    module = SemanticTextEmbedding(STEEncoder(len(lists.vocab), encoding_size=8))
     module.vocab = lists.vocab
-    ckpt = {}
+    ckpt = {"hyper_parameters": dict(module.hparams)}
     module.on_save_checkpoint(ckpt)
-    fresh = SemanticTextEmbedding(encoding_size=8)
+    fresh = SemanticTextEmbedding(ckpt["hyper_parameters"]["net"])  # a checkpoint's spec rebuilds the network
     fresh.on_load_checkpoint(ckpt)
     assert fresh.vocab == lists.vocab and fresh.model.embedding.num_embeddings == len(lists.vocab)
 

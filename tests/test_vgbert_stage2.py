@@ -189,13 +189,17 @@ def test_cross_attention_matches_multihead_reference_and_masks():
 
 
 # ------------------------------------------------------------------------------ LightningModule
-def _tiny_module(**kw):
-    from grounding.vgbert.finetune import RelationalFinetune
+def _tiny_module(relation_labels=("on", "near"), object_classes=("a", "b", "c"), **kw):
+    import inspect
 
-    args = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
-                image_size=64, feature_cache=False)
-    args.update(kw)
-    return RelationalFinetune(**args)
+    from grounding.vgbert.finetune import RelationalFinetune
+    from grounding.vgbert.relational import VGBertRelational
+
+    arch = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2, image_size=64)
+    net_keys = set(inspect.signature(VGBertRelational.__init__).parameters)
+    arch.update({k: kw.pop(k) for k in list(kw) if k in net_keys})
+    net = VGBertRelational(len(relation_labels), len(object_classes), **arch)
+    return RelationalFinetune(net, list(relation_labels), list(object_classes), **{"feature_cache": False, **kw})
 
 
 def _vg_datamodule(world, batch_size=8):
@@ -217,7 +221,7 @@ def _trainer(tmp_path, **kw):
 def test_finetune_fit_test_and_metrics(tiny_world, tmp_path):
     torch.manual_seed(0)
     dm = _vg_datamodule(tiny_world)
-    model = _tiny_module()
+    model = _tiny_module(dm.relation_labels, dm.object_classes)
     trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2, limit_test_batches=2)
     trainer.fit(model, dm)
     assert model.hparams.relation_labels == dm.relation_labels and len(model.hparams.object_classes) > 1
@@ -272,6 +276,16 @@ def test_init_from_stage1_checkpoint(tmp_path):
 def test_table5_switches_validated():
     with pytest.raises(ValueError, match="enable at least one"):
         _tiny_module(use_loss_rel=False, use_loss_obj=False, use_object_loss=False)
+
+
+def test_labels_must_fit_the_network():
+    from grounding.vgbert.finetune import RelationalFinetune
+
+    net = _tiny_module().model  # sized for 2 relations / 3 object classes
+    with pytest.raises(ValueError, match="scores 2 relations / 3 object classes but 3 / 3 labels"):
+        RelationalFinetune(net, ["on", "near", "under"], ["a", "b", "c"])
+    with pytest.raises(ValueError, match="at least 2 relation labels"):
+        RelationalFinetune(net, ["on"], ["a", "b", "c"])
 
 
 def test_encode_words_deduplicates_exactly():

@@ -6,18 +6,26 @@
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
 
-``--config experiments/composer/<name>.yaml`` fills any option from a YAML file (keys are the
-option names with underscores); explicit command-line options win.
+``--config experiments/composer/<name>.yaml`` fills any option of crg / stats / mcd from a YAML file
+(keys are the option names with underscores, at the top level or under the command's name, as in
+``crg: {captions: ..., out: ...}``); options given on the command line win. Parsed by jsonargparse:
+an unknown option or key is one error line and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from grounding.paths import shared_data_dir
 from grounding.utils.io import atomic_write_json
@@ -28,16 +36,43 @@ from .concept_graph import ConceptGraph, format_stats
 from .mcd import make_mcd_splits
 from .parsing import BACKENDS, DEFAULT_BACKEND, ParserUnavailableError, backend_available
 
+PROG = "python -m grounding.composer"
+CONFIG_COMMANDS = ("crg", "stats", "mcd")
 
-def _caption_args(p: argparse.ArgumentParser, prefix: str, what: str):
-    p.add_argument(f"--{prefix}", help=f"{what}: Flickr token file, Karpathy JSON or COCO captions JSON")
-    p.add_argument(f"--{prefix}-split", nargs="*", default=None, help="keep only these Karpathy splits (e.g. train restval)")
-    p.add_argument(f"--{prefix}-images", nargs="*", default=None,
+
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, descriptions printed as written."""
+
+
+class UsageError(Exception):
+    """A command line or config the commands cannot run with (exit status 2)."""
+
+
+def _command_section(command: str, text: str):
+    """jsonargparse's YAML loader, keeping only the ``<command>:`` section when the file has one."""
+    value = get_loader("yaml")(text)
+    return value[command] if isinstance(value, dict) and command in value else value
+
+
+def _subparser(command: str, config: bool) -> ArgumentParser:
+    p = ArgumentParser(prog=f"{PROG} {command}", exit_on_error=False, formatter_class=_HelpFormatter)
+    if config:
+        p.add_argument("--config", action=ActionConfigFile,
+                       help="YAML file with option values (experiments/composer/*.yaml), options under the command's "
+                            "name or at the top level")
+    return p
+
+
+def _caption_args(p: ArgumentParser, prefix: str, what: str):
+    p.add_argument(f"--{prefix}", type=Optional[str], default=None,
+                   help=f"{what}: Flickr token file, Karpathy JSON or COCO captions JSON")
+    p.add_argument(f"--{prefix}-split", type=str, nargs="*", default=None,
+                   help="keep only these Karpathy splits (e.g. train restval)")
+    p.add_argument(f"--{prefix}-images", type=str, nargs="*", default=None,
                    help="keep only the images listed in these files (one file name a line; union of all files)")
 
 
-def _common(p: argparse.ArgumentParser):
-    p.add_argument("--config", help="YAML file with option values (experiments/composer/*.yaml)")
+def _common(p: ArgumentParser):
     p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     p.add_argument("--workers", type=int, default=1, help="parser processes")
     p.add_argument("--degrade", type=float, default=0.0, help="Table 7: remove each parse branch with this probability")
@@ -45,54 +80,74 @@ def _common(p: argparse.ArgumentParser):
     p.add_argument("--no-cache", action="store_true", help="re-parse even if a cached parse exists")
 
 
-def build_argparser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m grounding.composer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    crg = sub.add_parser("crg", help="parse captions, build the Concept & Relation Graph, print Table 1 stats")
+def build_argparser() -> ArgumentParser:
+    ap = ArgumentParser(prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter)
+    sub = ap.add_subcommands(dest="command", required=True)
+    crg = _subparser("crg", config=True)
     _caption_args(crg, "captions", "caption file")
-    crg.add_argument("--out", help="output folder (crg.npz, stats.json)")
+    crg.add_argument("--out", type=Optional[str], default=None, help="output folder (crg.npz, stats.json)")
     _common(crg)
-    st = sub.add_parser("stats", help="Table 1 columns of a saved graph or of a caption file")
-    st.add_argument("--graph", help="a crg.npz written by `crg`")
+    st = _subparser("stats", config=True)
+    st.add_argument("--graph", type=Optional[str], default=None, help="a crg.npz written by `crg`")
     _caption_args(st, "captions", "caption file (parsed and extracted if no --graph)")
     _common(st)
-    mcd = sub.add_parser("mcd", help="maximum compound divergence split + graded splits (Fig. 4)")
+    mcd = _subparser("mcd", config=True)
     _caption_args(mcd, "train", "training captions")
     _caption_args(mcd, "candidates", "candidate evaluation captions")
-    mcd.add_argument("--out", help="output folder")
+    mcd.add_argument("--out", type=Optional[str], default=None, help="output folder")
     mcd.add_argument("--k", type=int, default=1000, help="images per split (all their captions)")
-    mcd.add_argument("--stride", type=int, default=None, help="sliding-window stride (default k/20)")
+    mcd.add_argument("--stride", type=Optional[int], default=None, help="sliding-window stride (default k/20)")
     mcd.add_argument("--levels", type=int, default=16, help="graded splits to write (Fig. 4 uses 16)")
     mcd.add_argument("--random-baselines", type=int, default=20, help="random splits of size k to compare against")
     _common(mcd)
-    show = sub.add_parser("show", help="print one caption's bottom-up concept tree")
-    show.add_argument("--graph", required=True)
+    show = _subparser("show", config=False)
+    show.add_argument("--graph", type=str, required=True)
     show.add_argument("--caption", type=int, default=0)
-    chk = sub.add_parser("check-parser", help="say whether a parser backend is usable here (and how to install it)")
+    chk = _subparser("check-parser", config=False)
     chk.add_argument("--backend", default=None, choices=BACKENDS)
+    for name, p, help_ in [
+        ("crg", crg, "parse captions, build the Concept & Relation Graph, print Table 1 stats"),
+        ("stats", st, "Table 1 columns of a saved graph or of a caption file"),
+        ("mcd", mcd, "maximum compound divergence split + graded splits (Fig. 4)"),
+        ("show", show, "print one caption's bottom-up concept tree"),
+        ("check-parser", chk, "say whether a parser backend is usable here (and how to install it)"),
+    ]:
+        sub.add_subcommand(name, p, help=help_)
+        if name in CONFIG_COMMANDS:  # after add_subcommand, which gives a subcommand its parent's mode
+            mode = f"composer-{name}"
+            set_loader(mode, functools.partial(_command_section, name), (yaml.YAMLError,))
+            p.parser_mode = mode
     return ap
 
 
-def _apply_config(args, parser: argparse.ArgumentParser):
-    if not getattr(args, "config", None):
-        return args
-    import yaml
+def _config_first(argv: list[str]) -> list[str]:
+    """``<command> ... --config FILE ...`` -> ``<command> --config FILE ...``: jsonargparse applies
+    arguments in order, and options given on the command line win over the file."""
+    if not argv or argv[0] not in CONFIG_COMMANDS:
+        return list(argv)
+    configs, rest, i = [], [], 1
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv):
+            configs += argv[i:i + 2]
+            i += 2
+        else:
+            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
+            i += 1
+    return [argv[0], *configs, *rest]
 
-    path = Path(args.config)
-    cfg = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(cfg, dict):
-        raise SystemExit(f"{path}: expected a mapping of option names to values")
-    cfg = cfg.get(args.command, cfg)
-    defaults = vars(parser.parse_args([args.command] + (["--graph", "x"] if args.command == "show" else [])))
-    explicit = {k for k, v in vars(args).items() if v != defaults.get(k)}
-    for k, v in cfg.items():
-        key = k.replace("-", "_")
-        if not hasattr(args, key):
-            raise SystemExit(f"{path}: unknown option {k!r} for `{args.command}`")
-        if key not in explicit:
-            setattr(args, key, v)
-    return args
+
+def _apply_config(args: argparse.Namespace, parser: ArgumentParser | None = None) -> argparse.Namespace:
+    """The parsed command's options as one flat namespace (``args.command``, ``args.out``, ...). The
+    ``--config`` file was applied by jsonargparse while parsing; ``parser`` is not needed any more."""
+    options = args[args.command].as_dict() if args.get(args.command) is not None else {}
+    options.pop("config", None)
+    return argparse.Namespace(command=args.command, **options)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line (``--config`` files applied, command-line options winning) to a flat namespace."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return _apply_config(build_argparser().parse_args(_config_first(argv)))
 
 
 def _expand(path: str | None) -> str | None:
@@ -104,7 +159,7 @@ def _expand(path: str | None) -> str | None:
 def _need(args, *names):
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) in (None, "")]
     if missing:
-        raise SystemExit(f"`{args.command}` needs {', '.join(missing)}")
+        raise UsageError(f"`{args.command}` needs {', '.join(missing)}")
 
 
 def _build(args, prefix: str):
@@ -123,8 +178,15 @@ def _build(args, prefix: str):
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    parser = build_argparser()
-    args = _apply_config(parser.parse_args(argv), parser)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parse_args(argv)
+    except ArgumentError as e:  # unknown option or config key, bad value, unreadable config: one line
+        configs = [v for k, v in zip(["", *argv], argv) if k == "--config"] + \
+            [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+        where = f"config {', '.join(configs)}; " if configs else ""
+        print(f"{PROG}: error: {' '.join(str(e).split())} ({where}see {PROG} <command> --help)", file=sys.stderr)
+        return 2
     try:
         if args.command == "check-parser":
             ok_any = False
@@ -177,15 +239,13 @@ def main(argv=None) -> int:
             print(f"MCD split ({s['k']} images): compound divergence {s['mcd']['compound_divergence']:.4f}, "
                   f"atom divergence {s['mcd']['atom_divergence']:.4f}; all candidates {s['cd_all_candidates']:.4f}")
             if rnd["n"]:
-                import numpy as np
-
                 cd = np.asarray(rnd["compound_divergence"])
                 print(f"{rnd['n']} random splits: compound divergence {cd.mean():.4f} ± {cd.std():.4f} (max {cd.max():.4f}); "
                       f"MCD beats all: {s['mcd_beats_all_random']}")
             print(f"{s['windows']['n']} sliding windows span CD {s['windows']['compound_divergence_min']:.4f}–"
                   f"{s['windows']['compound_divergence_max']:.4f}; wrote {len(s['graded'])} graded splits under {out / 'graded'}")
             return 0
-    except (CaptionFileError, ParserUnavailableError, FileNotFoundError, ValueError) as e:
+    except (UsageError, CaptionFileError, ParserUnavailableError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 1

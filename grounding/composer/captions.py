@@ -1,23 +1,33 @@
-"""Caption-set readers: Flickr token files, Karpathy JSON and COCO captions JSON.
+"""Caption sets of Flickr token files, Karpathy JSON and COCO captions JSON.
 
 All three give a :class:`CaptionSet`: images (file names, optional split) and their captions in
-file order. Kept independent of ``data_modules`` so the CRG tools run on caption files alone.
+file order. The files are parsed by :mod:`data_modules.formats` (torch-free), so the CRG tools run
+on caption files alone.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from data_modules.formats import read_flickr_token_pairs
+from data_modules.formats import (
+    CaptionRecords,
+    read_caption_file,
+    read_coco_json,
+    read_flickr_token_pairs,
+    read_text,
+)
+from data_modules.formats import read_karpathy_json as read_karpathy_records
 
 
 class CaptionFileError(ValueError):
     """A caption file is not in any supported layout; the message names file and fix."""
+
+
+KARPATHY_REQUIRED = ("filename", "sentences")  # COMPOSER's own MCD files carry a split; other layouts need none
 
 
 @dataclass
@@ -89,42 +99,53 @@ def _from_pairs(pairs: list[tuple[str, str]], source: str, dataset: str, splits:
                       [ids[n] for n in image_names] if ids else None, source, dataset)
 
 
+def _flickr_dataset(path: Path) -> str:
+    lower = path.name.lower()
+    return "flickr8k" if "8k" in lower else "flickr30k" if ("30k" in lower or lower.startswith("results_2013")) else "flickr"
+
+
 def read_flickr_tokens(path: str | Path) -> CaptionSet:
     """``image.jpg#i<TAB>caption`` lines (Flickr8k ``Flickr8k.token.txt``, Flickr30K ``results_20130124.token``)."""
     path = Path(path)
-    pairs = read_flickr_token_pairs(path, CaptionFileError)
-    lower = path.name.lower()
-    dataset = "flickr8k" if "8k" in lower else "flickr30k" if ("30k" in lower or lower.startswith("results_2013")) else "flickr"
-    return _from_pairs(pairs, str(path), dataset)
+    return _from_pairs(read_flickr_token_pairs(path, CaptionFileError), str(path), _flickr_dataset(path))
+
+
+def _karpathy_set(rec: CaptionRecords) -> CaptionSet:
+    pairs, splits, ids = [], {}, {}
+    for im in rec.images:
+        name = im.key
+        splits[name] = "" if im.split is None else im.split
+        ids[name] = int(im.image_id if im.image_id is not None else im.imgid if im.imgid is not None else len(ids))
+        pairs.extend((name, c) for c in im.captions)
+    return _from_pairs(pairs, str(rec.path), rec.dataset, splits, ids)
+
+
+def _coco_set(rec: CaptionRecords) -> CaptionSet:
+    """Images by COCO id, each image's captions by annotation id (the order of the annotation list aside)."""
+    file_of = {im.image_id: im.file_name for im in rec.images}
+    image_of = [rec.images[row].image_id for row, _ in rec.pairs]
+    order = sorted(range(len(rec.pairs)), key=lambda j: (image_of[j], rec.caption_ids[j]))
+    pairs = [(file_of[image_of[j]], rec.pairs[j][1].strip()) for j in order]
+    ids = {file_of[i]: int(i) for i in file_of}
+    return _from_pairs(pairs, str(rec.path), "coco", None, ids)
 
 
 def read_karpathy_json(path: str | Path, obj: dict | None = None) -> CaptionSet:
     """Karpathy split file (``dataset_coco.json`` / ``dataset_flickr30k.json``)."""
-    path = Path(path)
-    obj = obj if obj is not None else json.loads(path.read_text(encoding="utf-8"))
-    pairs, splits, ids = [], {}, {}
-    for img in obj["images"]:
-        name = str(Path(img.get("filepath", "")) / img["filename"]) if img.get("filepath") else img["filename"]
-        splits[name] = img.get("split", "")
-        ids[name] = int(img.get("cocoid", img.get("imgid", len(ids))))
-        for s in img["sentences"]:
-            pairs.append((name, s.get("raw") or " ".join(s["tokens"])))
-    cs = _from_pairs(pairs, str(path), obj.get("dataset", ""), splits, ids)
-    return cs
+    return _karpathy_set(read_karpathy_records(path, CaptionFileError, obj=obj, required=KARPATHY_REQUIRED))
 
 
 def read_coco_captions(path: str | Path, obj: dict | None = None) -> CaptionSet:
     """Official COCO ``captions_*.json`` (``images`` with ``id``/``file_name``, ``annotations`` with ``image_id``/``caption``)."""
-    path = Path(path)
-    obj = obj if obj is not None else json.loads(path.read_text(encoding="utf-8"))
-    file_of = {im["id"]: im["file_name"] for im in obj["images"]}
-    anns = sorted(obj["annotations"], key=lambda a: (a["image_id"], a.get("id", 0)))
-    missing = [a["image_id"] for a in anns if a["image_id"] not in file_of]
-    if missing:
-        raise CaptionFileError(f"{path}: annotations refer to image ids absent from 'images' (e.g. {missing[0]})")
-    pairs = [(file_of[a["image_id"]], a["caption"].strip()) for a in anns]
-    ids = {file_of[i]: int(i) for i in file_of}
-    return _from_pairs(pairs, str(path), "coco", None, ids)
+    return _coco_set(read_coco_json(path, CaptionFileError, obj=obj))
+
+
+def _flickr_set(rec: CaptionRecords) -> CaptionSet:
+    return _from_pairs(rec.key_pairs(), str(rec.path), _flickr_dataset(rec.path))
+
+
+_SETS: dict[str, Callable[[CaptionRecords], CaptionSet]] = {"karpathy": _karpathy_set, "coco": _coco_set,
+                                                            "flickr_token": _flickr_set}
 
 
 def read_captions(path: str | Path, splits: Sequence[str] | None = None,
@@ -134,20 +155,9 @@ def read_captions(path: str | Path, splits: Sequence[str] | None = None,
     path = Path(path)
     if not path.is_file():
         raise CaptionFileError(f"caption file {path} does not exist")
-    if path.suffix == ".json":
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise CaptionFileError(f"{path}: not valid JSON ({e})") from e
-        if isinstance(obj, dict) and "images" in obj and obj["images"] and "sentences" in obj["images"][0]:
-            cs = read_karpathy_json(path, obj)
-        elif isinstance(obj, dict) and "annotations" in obj and "images" in obj:
-            cs = read_coco_captions(path, obj)
-        else:
-            raise CaptionFileError(f"{path}: expected a Karpathy split JSON ({{'images': [{{'sentences': ...}}]}}) "
-                                   "or a COCO captions JSON ({'images': [...], 'annotations': [...]})")
-    else:
-        cs = read_flickr_tokens(path)
+    # any non-JSON file is a Flickr token file here (a malformed line is an error, not a plain-text caption)
+    rec = read_caption_file(path, CaptionFileError, plain_text=False, karpathy_keys=KARPATHY_REQUIRED)
+    cs = _SETS[rec.format](rec)
     cs = cs.filter_splits(splits)
     if images_list is not None:
         lists = [images_list] if isinstance(images_list, (str, Path)) else list(images_list)
@@ -155,7 +165,8 @@ def read_captions(path: str | Path, splits: Sequence[str] | None = None,
         for lst in lists:
             if not Path(lst).is_file():
                 raise CaptionFileError(f"image list {lst} does not exist (expected one image file name a line)")
-            names += [ln.strip() for ln in Path(lst).read_text().splitlines() if ln.strip()]
+            text = read_text(lst, CaptionFileError, expected="UTF-8 text, one image file name a line")
+            names += [ln.strip() for ln in text.splitlines() if ln.strip()]
         cs = cs.filter_images(names)
     if len(cs) == 0:
         raise CaptionFileError(f"{path}: no captions left after selecting splits={splits} images_list={images_list}")

@@ -4,96 +4,138 @@
         --data-root ../shared/data --out reports/semantic_space
     python -m grounding.semantic_space --config experiments/semantic_space/minilm.yaml [--out ...]
 
-Command-line options override the YAML config.
+``--config`` takes a report config (experiments/semantic_space/*.yaml: the options of
+``grounding.semantic_space.report.DEFAULTS``, under ``semantic_space:`` or at the top level);
+options given on the command line win, and every nested option has a flag too
+(``--embedding.batch_size 128``). Parsed by jsonargparse: an unknown option or key is one error
+line and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
+from typing import Any, Literal, Optional, Union
 
-from grounding.semantic_space.report import run_report
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
+
+from grounding.semantic_space.report import DEFAULTS, merge_config, run_report
+
+PROG = "python -m grounding.semantic_space"
+CONFIG_SECTION = "semantic_space"
+PARSER_MODE = "semantic-space-report"
+# Short flags of nested options (kept from the hand-written parser).
+ALIASES = {"property_norms_part.n_jobs": "--n-jobs", "property_norms_part.loo": "--loo",
+           "property_norms_part.n_components": "--n-components", "embedding.vocabulary_sample": "--vocabulary-sample"}
+TYPES = {"property_norms_part.n_jobs": int, "property_norms_part.loo": Literal["approx", "exact"],
+         "property_norms_part.n_components": Optional[int], "embedding.vocabulary_sample": Optional[int]}
+HELP = {
+    "property_norms_part.n_jobs": "processes for the property-norm fits",
+    "property_norms_part.loo": "leave-one-out for the lambda choice: approx or exact",
+    "property_norms_part.n_components": "PCA dimensions the property-norm classifiers see (default: all)",
+    "embedding.vocabulary_sample": "standardise with the statistics of a seeded sample of this many token ids "
+                                   "(default: all, App. B)",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m grounding.semantic_space", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML report config (see experiments/semantic_space/)")
-    p.add_argument("--models", nargs="+", help="text encoder names ('minilm', 'bert-base-uncased', a directory) "
-                                                "or Lightning .ckpt paths; the first is the reference")
-    p.add_argument("--names", nargs="+", help="display name of each model, in order")
-    p.add_argument("--prefix", nargs="+", help="state_dict prefix of the BERT in each checkpoint ('auto' = detect)")
-    p.add_argument("--text-encoder", nargs="+", dest="text_encoder",
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, the description printed as written."""
+
+
+def _report_section(text: str):
+    """jsonargparse's YAML loader, keeping only the ``semantic_space:`` section when the file has one."""
+    value = get_loader("yaml")(text)
+    return value[CONFIG_SECTION] if isinstance(value, dict) and CONFIG_SECTION in value else value
+
+
+def build_parser() -> ArgumentParser:
+    set_loader(PARSER_MODE, _report_section, (yaml.YAMLError,))
+    p = ArgumentParser(prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter,
+                       parser_mode=PARSER_MODE)
+    p.add_argument("--config", action=ActionConfigFile, help="YAML report config (see experiments/semantic_space/)")
+    p.add_argument("--models", type=Union[str, dict], nargs="+", default=DEFAULTS["models"],
+                   help="text encoder names ('minilm', 'bert-base-uncased', a directory) or Lightning .ckpt paths "
+                        "(config: also {source, name, prefix, text_encoder, tokenizer}); the first is the reference")
+    p.add_argument("--names", type=str, nargs="+", default=None, help="display name of each model, in order")
+    p.add_argument("--prefix", type=str, nargs="+", default=None,
+                   help="state_dict prefix of the BERT in each checkpoint ('auto' = detect)")
+    p.add_argument("--text-encoder", type=str, nargs="+", default=None, dest="text_encoder",
                    help="architecture of each checkpoint's BERT (default: the checkpoint hparams' text_encoder)")
-    p.add_argument("--data-root", dest="data_root", help="folder with semcat/, concreteness/, cslb/ (default ../shared/data)")
-    p.add_argument("--semcat"), p.add_argument("--concreteness"), p.add_argument("--cslb")
-    p.add_argument("--vocabulary", help="word list for composition and neighbours (default: unique SemCat words)")
-    p.add_argument("--out", help="report folder (default reports/semantic_space)")
-    p.add_argument("--parts", nargs="+", help="subset of: concreteness property_norms clustering composition")
-    p.add_argument("--n-jobs", type=int, dest="n_jobs", help="processes for the property-norm fits")
-    p.add_argument("--loo", choices=["approx", "exact"], help="leave-one-out for the lambda choice")
+    p.add_argument("--data-root", type=Optional[str], default=DEFAULTS["data_root"], dest="data_root",
+                   help="folder with semcat/, concreteness/, cslb/ (default ../shared/data)")
+    for key in ("semcat", "concreteness", "cslb"):
+        p.add_argument(f"--{key}", type=Optional[str], default=DEFAULTS[key])
+    p.add_argument("--vocabulary", type=Optional[str], default=DEFAULTS["vocabulary"],
+                   help="word list for composition and neighbours (default: unique SemCat words)")
+    p.add_argument("--out", type=str, default=DEFAULTS["out"], help="report folder (default reports/semantic_space)")
+    p.add_argument("--parts", type=str, nargs="+", default=DEFAULTS["parts"],
+                   help="subset of: concreteness property_norms clustering composition")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
-    p.add_argument("--vocabulary-sample", type=int, dest="vocabulary_sample",
-                   help="standardise with the statistics of a seeded sample of this many token ids (default: all, App. B)")
-    p.add_argument("--n-components", type=int, dest="n_components",
-                   help="PCA dimensions the property-norm classifiers see (default: all)")
+    for group, options in DEFAULTS.items():
+        if not isinstance(options, dict):
+            continue
+        for name, default in options.items():
+            key = f"{group}.{name}"
+            flags = [f"--{key}"] + ([ALIASES[key]] if key in ALIASES else [])
+            p.add_argument(*flags, type=TYPES.get(key, Any), default=default,
+                           help=HELP.get(key, f"{name} of the {group} options"))
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> dict:
-    cfg: dict = {}
-    if args.config:
-        import yaml
+def _config_first(argv: list[str]) -> list[str]:
+    """``--config FILE`` options moved to the front: jsonargparse applies arguments in order, and
+    options given on the command line win over the file."""
+    configs, rest, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv):
+            configs += argv[i:i + 2]
+            i += 2
+        else:
+            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
+            i += 1
+    return configs + rest
 
-        with open(args.config) as f:
-            loaded = yaml.safe_load(f) or {}
-        cfg = loaded.get("semantic_space", loaded)  # a config may nest everything under `semantic_space:`
-    if args.models:
-        per = {k: getattr(args, k) for k in ("names", "prefix", "text_encoder")}
-        for key, values in per.items():
-            if values and len(values) != len(args.models):
-                raise SystemExit(f"--{key.replace('_', '-')} needs one value per model ({len(args.models)}), got {values}")
-        cfg["models"] = [{"source": src, "name": per["names"][i] if per["names"] else None,
-                          "prefix": per["prefix"][i] if per["prefix"] else "auto",
-                          "text_encoder": per["text_encoder"][i] if per["text_encoder"] else None}
-                         for i, src in enumerate(args.models)]
-    elif args.names:
-        models = cfg.get("models", [])
-        if len(args.names) != len(models):
-            raise SystemExit(f"--names needs one value per model ({len(models)} in the config)")
-        cfg["models"] = [{**({"source": m} if isinstance(m, str) else m), "name": n} for m, n in zip(models, args.names)]
-    for key in ("data_root", "semcat", "concreteness", "cslb", "vocabulary", "out", "parts"):
-        if getattr(args, key):
-            cfg[key] = getattr(args, key)
-    pn = dict(cfg.get("property_norms_part") or {})
-    if args.n_jobs is not None:
-        pn["n_jobs"] = args.n_jobs
-    if args.loo:
-        pn["loo"] = args.loo
-    if args.n_components is not None:
-        pn["n_components"] = args.n_components
-    if pn:
-        cfg["property_norms_part"] = pn
-    emb = dict(cfg.get("embedding") or {})
-    if args.no_cache:
-        emb["cache"] = False
-    if args.vocabulary_sample is not None:
-        emb["vocabulary_sample"] = args.vocabulary_sample
-    if emb:
-        cfg["embedding"] = emb
+
+def config_from_args(args: argparse.Namespace) -> dict:
+    """The report config (``run_report``'s argument) of parsed arguments: ``--names`` / ``--prefix`` /
+    ``--text-encoder`` (one value per model) set those fields of the models, ``--no-cache`` turns the
+    embedding cache off."""
+    options = args.as_dict() if hasattr(args, "as_dict") else vars(args)
+    cfg = copy.deepcopy({key: options[key] for key in DEFAULTS})
+    models = [dict(m) if isinstance(m, dict) else {"source": m} for m in cfg["models"] or []]
+    for flag, field in (("names", "name"), ("prefix", "prefix"), ("text_encoder", "text_encoder")):
+        values = options.get(flag)
+        if values:
+            if len(values) != len(models):
+                raise ValueError(f"--{flag.replace('_', '-')} needs one value per model ({len(models)}), got {values}")
+            for model, value in zip(models, values):
+                model[field] = value
+    cfg["models"] = models
+    if options.get("no_cache"):
+        cfg["embedding"] = {**cfg["embedding"], "cache": False}
     return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
-    if not args.config and not args.models:
-        raise SystemExit("give --models (and optionally --names) or --config; see --help")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg = config_from_args(build_parser().parse_args(_config_first(argv)))
+        merge_config(cfg)  # unknown parts, models without a source, no models: before any work
+    except (ArgumentError, KeyError, ValueError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        configs = [v for k, v in zip(["", *argv], argv) if k == "--config"] + \
+            [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+        where = f"config {', '.join(configs)}; " if configs else ""
+        print(f"{PROG}: error: {' '.join(str(message).split())} ({where}see {PROG} --help)", file=sys.stderr)
+        return 2
 
     t0 = time.perf_counter()
-    run_report(config_from_args(args))
+    run_report(cfg)
     print(f"[semantic_space] total: {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -18,10 +18,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any, Optional
 
-import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
+from grounding.cli import expand_config_bases
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
@@ -56,30 +58,43 @@ def _report(args):
     print((Path(out) / "README.md").read_text())
 
 
-def _evaluate(args):
+def alignment_config(path: str) -> dict:
+    """The pairs' DataModule arguments and the model's ``export_path`` of an alignment stage config (the file
+    ``python -m grounding fit`` trains with, its ``base:`` chain included), type-checked by jsonargparse
+    against AlignmentPairsDataModule's signature."""
+    p = ArgumentParser(exit_on_error=False)
+    p.add_argument("--config", action=ActionConfigFile)
+    p.add_subclass_arguments(AlignmentPairsDataModule, "data", required=True)
+    p.add_argument("--model", type=Optional[dict], default=None)
+    for key in ("seed_everything", "trainer", "optimizer", "lr_scheduler", "ckpt_path"):  # the trainer's keys: unused here
+        p.add_argument(f"--{key}", type=Any, default=None)
+    cfg = p.parse_args(expand_config_bases(["--config", path]))
+    model_args = (cfg.model or {}).get("init_args") or {}
+    return {"data": cfg.data.init_args.as_dict(), "export_path": model_args.get("export_path")}
 
-    cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
-    data_args = dict(((cfg.get("data") or {}).get("init_args")) or {})
-    transform_path = args.transform or ((cfg.get("model") or {}).get("init_args") or {}).get("export_path")
+
+def _evaluate(args):
+    cfg = alignment_config(args.config) if args.config else {"data": {}, "export_path": None}
+    transform_path = args.transform or cfg["export_path"]
     if not transform_path:
-        raise SystemExit("evaluate needs --transform (a file written by SemCLIPAlignment's export_path) or --config.")
+        raise UsageError("evaluate needs --transform (a file written by SemCLIPAlignment's export_path) or --config.")
     transform, provenance = load_transform(transform_path)
     # the pairs' settings recorded at training time win over the config (CLI overrides of `fit` included)
     accepted = set(inspect.signature(AlignmentPairsDataModule.__init__).parameters) - {"self"}
-    dm_args = {k: v for k, v in {**data_args, **provenance}.items() if k in accepted}
+    dm_args = {k: v for k, v in {**cfg["data"], **provenance}.items() if k in accepted}
     for key in ("vlm", "ste", "captions"):
         if getattr(args, key):
             dm_args[key] = getattr(args, key)
     missing = [k for k in ("vlm", "ste", "captions") if not dm_args.get(k)]
     if missing:
-        raise SystemExit(f"evaluate: no {', '.join(missing)} (give --{' --'.join(missing)} or a --config with data.init_args).")
+        raise UsageError(f"evaluate: no {', '.join(missing)} (give --{' --'.join(missing)} or a --config with data.init_args).")
     dm = AlignmentPairsDataModule(**dm_args)
     pairs = dm.load_pairs()
     train_idx, val_idx = dm.split_indices()
     vlm = load_vlm(dm_args["vlm"])
     ste = STEEmbedding.load(dm_args["ste"])
     if (vlm.dim, ste.dim) != (transform.net[0].in_features, transform.net[-1].out_features):
-        raise SystemExit(f"The transform maps {transform.net[0].in_features} -> {transform.net[-1].out_features} but the "
+        raise UsageError(f"The transform maps {transform.net[0].in_features} -> {transform.net[-1].out_features} but the "
                          f"VLM gives {vlm.dim} and the STE {ste.dim} dimensions: evaluate with the VLM/STE it was trained on.")
     bank = None
     if args.bank_captions:
@@ -93,47 +108,74 @@ def _evaluate(args):
     print((Path(out) / "README.md").read_text())
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m grounding.semclip", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-lists", help="build the WordNet noun similarity lists (§3) into one .npz")
-    b.add_argument("--out", required=True)
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, the description printed as written."""
+
+
+class UsageError(Exception):
+    """A command line or config the commands cannot run with (exit status 2)."""
+
+
+def _subcommand(subcommands, name: str, help: str) -> ArgumentParser:
+    p = ArgumentParser(exit_on_error=False)
+    subcommands.add_subcommand(name, p, help=help)
+    return p
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m grounding.semclip", description=__doc__, exit_on_error=False,
+                       formatter_class=_HelpFormatter)
+    sub = p.add_subcommands(dest="command")
+    b = _subcommand(sub, "build-lists", "build the WordNet noun similarity lists (§3) into one .npz")
+    b.add_argument("--out", type=str, required=True)
     b.add_argument("--max-depth-diff", type=int, default=2)
     b.add_argument("--wup-threshold", type=float, default=0.8)
     b.add_argument("--include-siblings", action="store_true")
     b.add_argument("--max-list-size", type=int, default=64, help="<= 0: no cap")
-    b.add_argument("--curated", help="convert externally curated lists (.json/.jsonl/.tsv) instead")
-    b.set_defaults(fn=_build_lists)
-    e = sub.add_parser("export", help="export a trained STE checkpoint as vocab + vectors + word2vec text")
-    e.add_argument("--ckpt", required=True)
-    e.add_argument("--out", required=True)
-    e.set_defaults(fn=_export)
-    r = sub.add_parser("report", help="synonym coverage (Table 1) and word similarity (Table 2) report")
-    r.add_argument("--ste", required=True, help="exported STE folder or word2vec text file")
-    r.add_argument("--out", required=True)
-    r.add_argument("--encoders", nargs="*", default=["minilm"], help="text encoders to compare (grounding.encoders names)")
-    r.add_argument("--word-similarity", default=None, help="folder of w1<TAB>w2<TAB>score files (default: shared data)")
-    r.add_argument("--max-queries", type=int, default=None, help="subsample the synonym-coverage queries")
+    b.add_argument("--curated", type=Optional[str], default=None, help="convert externally curated lists (.json/.jsonl/.tsv) instead")
+    e = _subcommand(sub, "export", "export a trained STE checkpoint as vocab + vectors + word2vec text")
+    e.add_argument("--ckpt", type=str, required=True)
+    e.add_argument("--out", type=str, required=True)
+    r = _subcommand(sub, "report", "synonym coverage (Table 1) and word similarity (Table 2) report")
+    r.add_argument("--ste", type=str, required=True, help="exported STE folder or word2vec text file")
+    r.add_argument("--out", type=str, required=True)
+    r.add_argument("--encoders", type=str, nargs="*", default=["minilm"], help="text encoders to compare (grounding.encoders names)")
+    r.add_argument("--word-similarity", type=Optional[str], default=None,
+                   help="folder of w1<TAB>w2<TAB>score files (default: shared data)")
+    r.add_argument("--max-queries", type=Optional[int], default=None, help="subsample the synonym-coverage queries")
     r.add_argument("--batch-size", type=int, default=512)
-    r.set_defaults(fn=_report)
-    v = sub.add_parser("evaluate", help="retrieval stability (Table 3), synonym-augmented retrieval (Table 4) and the "
-                                        "alignment recovery error on the embedded world, SemCLIP vs the base VLM")
-    v.add_argument("--config", help="an alignment config (experiments/semclip/align_world.yaml): VLM, STE, captions, transform")
-    v.add_argument("--transform", help="the trained Γ_t (default: the config's model.init_args.export_path)")
-    v.add_argument("--vlm", help="override the VLM spec (suite:<ckpt> | hf-clip:<dir>)")
-    v.add_argument("--ste", help="override the STE export")
-    v.add_argument("--captions", help="override the caption file(s) of the text bank / alignment pairs")
-    v.add_argument("--bank-captions", nargs="+", help="more caption files for the store's text bank (§4: the captions "
-                                                     "tagging the stored images), beside the alignment captions")
-    v.add_argument("--world", default="data/world", help="the embedded world (world.json + images)")
-    v.add_argument("--splits", nargs="+", default=["val", "test"], help="world splits whose images are searched")
-    v.add_argument("--ks", nargs="+", type=int, default=[1, 5, 10, 50])
-    v.add_argument("--query-modes", nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
-    v.add_argument("--out", required=True)
-    v.set_defaults(fn=_evaluate)
-    args = p.parse_args(argv)
-    args.fn(args)
+    v = _subcommand(sub, "evaluate", "retrieval stability (Table 3), synonym-augmented retrieval (Table 4) and the "
+                                     "alignment recovery error on the embedded world, SemCLIP vs the base VLM")
+    v.add_argument("--config", type=Optional[str], default=None,
+                   help="an alignment config (experiments/semclip/align_world.yaml): VLM, STE, captions, transform")
+    v.add_argument("--transform", type=Optional[str], default=None,
+                   help="the trained Γ_t (default: the config's model.init_args.export_path)")
+    v.add_argument("--vlm", type=Optional[str], default=None, help="override the VLM spec (suite:<ckpt> | hf-clip:<dir>)")
+    v.add_argument("--ste", type=Optional[str], default=None, help="override the STE export")
+    v.add_argument("--captions", type=Optional[str], default=None, help="override the caption file(s) of the text bank / alignment pairs")
+    v.add_argument("--bank-captions", type=str, nargs="+", default=None,
+                   help="more caption files for the store's text bank (§4: the captions tagging the stored images), "
+                        "beside the alignment captions")
+    v.add_argument("--world", type=str, default="data/world", help="the embedded world (world.json + images)")
+    v.add_argument("--splits", type=str, nargs="+", default=["val", "test"], help="world splits whose images are searched")
+    v.add_argument("--ks", type=int, nargs="+", default=[1, 5, 10, 50])
+    v.add_argument("--query-modes", type=str, nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
+    v.add_argument("--out", type=str, required=True)
+    return p
+
+
+COMMANDS = {"build-lists": _build_lists, "export": _export, "report": _report, "evaluate": _evaluate}
+
+
+def main(argv=None):
+    parser = build_parser()
+    try:
+        cfg = parser.parse_args(argv)
+        args = cfg[cfg.command]
+        COMMANDS[cfg.command](args)
+    except (ArgumentError, UsageError, FileNotFoundError) as err:
+        print(f"python -m grounding.semclip: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

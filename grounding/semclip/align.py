@@ -22,39 +22,30 @@ def alignment_default_optimizer(params) -> torch.optim.Optimizer:
 
 
 class SemCLIPAlignment(GroundingModule):
-    """Γ_t trained on (VLM text, STE target) pairs; monitors ``val/loss``."""
+    """Γ_t (``net``: the built :class:`AlignmentTransform`) trained on (VLM text, STE target) pairs;
+    monitors ``val/loss``. The transform's ``in_dim`` / ``out_dim`` are the pairs' VLM and STE widths
+    (linked by the CLI from the alignment-pairs DataModule)."""
 
     monitor = "val/loss"
     monitor_mode = "min"
 
-    def __init__(self, in_dim: int | None = None, out_dim: int | None = None, hidden: int = 4096,
-                 export_path: str | None = None, optimizer: OptimizerCallable = alignment_default_optimizer,
+    def __init__(self, net: AlignmentTransform, export_path: str | None = None,
+                 optimizer: OptimizerCallable = alignment_default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.transform: AlignmentTransform | None = None
-        if in_dim is not None and out_dim is not None:
-            self._build(in_dim, out_dim)
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
+        self.transform = self.adopt_net(net)
         self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.provenance: dict = {}
-
-    def _build(self, in_dim: int, out_dim: int):
-        self.transform = AlignmentTransform(in_dim, out_dim, self.hparams.hidden)
-        self.hparams.in_dim, self.hparams.out_dim = in_dim, out_dim
 
     def setup(self, stage: str):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "vlm_dim"):
-            dims = (dm.vlm_dim, dm.ste_dim)
-            if self.transform is None:
-                self._build(*dims)
-            elif (self.hparams.in_dim, self.hparams.out_dim) != dims:
-                raise ValueError(f"The transform maps {self.hparams.in_dim} -> {self.hparams.out_dim} but the pairs are "
-                                 f"{dims[0]} (VLM) -> {dims[1]} (STE); leave in_dim/out_dim unset to follow the data.")
+            dims, own = (dm.vlm_dim, dm.ste_dim), (self.transform.init_args["in_dim"], self.transform.init_args["out_dim"])
+            if own != dims:
+                raise ValueError(f"The transform maps {own[0]} -> {own[1]} but the pairs are {dims[0]} (VLM) -> "
+                                 f"{dims[1]} (STE): train on the pairs of the VLM and STE it was built for.")
             self.provenance = {k: v for k, v in dict(dm.hparams).items() if not k.startswith("_")}  # the pairs' settings
-        if self.transform is None:
-            raise ValueError("SemCLIPAlignment needs in_dim and out_dim, or a DataModule with vlm_dim/ste_dim "
-                             "(grounding.semclip.alignment_pairs.AlignmentPairsDataModule).")
 
     def forward(self, vlm_text: torch.Tensor) -> torch.Tensor:
         return self.transform(vlm_text)
@@ -82,9 +73,6 @@ class SemCLIPAlignment(GroundingModule):
 
     def on_load_checkpoint(self, checkpoint):
         self.provenance = checkpoint.get("semclip_alignment") or {}
-        hp = checkpoint.get("hyper_parameters") or {}
-        if self.transform is None and hp.get("in_dim") is not None:
-            self._build(hp["in_dim"], hp["out_dim"])
 
     def on_train_end(self):
         if self.hparams.export_path and self.trainer.is_global_zero:

@@ -25,6 +25,7 @@ from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.lexicon import wordnet
+from grounding.nets import RecordedNet, net_hparams
 from grounding.semclip.evaluation import TextEncoderEmbedder
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path
@@ -45,7 +46,7 @@ class VLM(Protocol):
 # ------------------------------------------------------------------------------------------
 # Γ_t (Eq. 8)
 # ------------------------------------------------------------------------------------------
-class AlignmentTransform(nn.Module):
+class AlignmentTransform(RecordedNet):
     """Eq. 8: FC3(ReLU(FC2(ReLU(FC1(·))))), VLM text space -> STE space."""
 
     def __init__(self, in_dim: int = 512, out_dim: int = 300, hidden: int = 4096):
@@ -87,7 +88,7 @@ def load_transform(path: str | Path) -> tuple[AlignmentTransform, dict]:
         return t.eval(), dict(obj.get("provenance") or {})
     if isinstance(obj, dict) and "state_dict" in obj:
         state = {k[len("transform."):]: v for k, v in obj["state_dict"].items() if k.startswith("transform.")}
-        hp = obj.get("hyper_parameters") or {}
+        hp = net_hparams(obj.get("hyper_parameters") or {})
         if not state or hp.get("in_dim") is None:
             raise ValueError(f"{p} is a Lightning checkpoint but not of grounding.semclip.SemCLIPAlignment.")
         t = AlignmentTransform(hp["in_dim"], hp["out_dim"], hp["hidden"])

@@ -13,7 +13,6 @@ seeded permutation. Batches are ``(vlm_text (B, d_vlm), target (B, d_ste))``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from data_modules.common import MalformedDataError, MissingDataError
+from data_modules.formats import read_caption_texts
 from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
 from grounding.semclip.ste import STEEmbedding
@@ -43,24 +43,8 @@ def read_captions(paths: str | Sequence[str]) -> list[str]:
 
     out: dict[str, None] = {}
     for name in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        path = resolve_path(name)
-        if not path.is_file():
-            raise MissingDataError(f"Caption file {path} does not exist. {CAPTIONS_HELP}.")
-        if path.suffix.lower() == ".json":
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise MalformedDataError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}). {CAPTIONS_HELP}.") from e
-            if isinstance(data, dict) and isinstance(data.get("annotations"), list):
-                caps = [a.get("caption") for a in data["annotations"] if isinstance(a, dict)]
-            elif isinstance(data, dict) and isinstance(data.get("images"), list):
-                caps = [s.get("raw") for im in data["images"] for s in im.get("sentences", [])]
-            else:
-                raise MalformedDataError(f"{path} holds neither COCO \"annotations\" nor Karpathy \"images\". {CAPTIONS_HELP}.")
-        else:
-            caps = path.read_text(encoding="utf-8").splitlines()
-        for c in caps:
-            if isinstance(c, str) and (c := re.sub(r"\s+", " ", c).strip()):
+        for c in read_caption_texts(resolve_path(name), MalformedDataError, CAPTIONS_HELP, MissingDataError):
+            if c := re.sub(r"\s+", " ", c).strip():
                 out.setdefault(c, None)
     if not out:
         raise MalformedDataError(f"No captions in {paths}. {CAPTIONS_HELP}.")

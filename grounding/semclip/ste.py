@@ -22,6 +22,7 @@ from torch import nn
 
 from data_modules.wordnet_lists import lemma_surface
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
+from grounding.nets import RecordedNet
 from grounding.semclip.losses import multi_positive_contrastive_loss
 from grounding.utils.io import atomic_path
 
@@ -30,7 +31,7 @@ def ste_default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3)  # §3 implementation details
 
 
-class STEEncoder(nn.Module):
+class STEEncoder(RecordedNet):
     """Embedding -> Linear+ReLU (encoding) -> Linear+ReLU (projection head, training only)."""
 
     def __init__(self, vocab_size: int, encoding_size: int = 300, embedding_dim: int | None = None,
@@ -58,56 +59,44 @@ class STEEncoder(nn.Module):
 class SemanticTextEmbedding(GroundingModule):
     """LightningModule training the STE on similarity-list batches (see data_modules.similarity_lists).
 
-    ``vocab_size`` may be left unset: it is taken from the DataModule's vocabulary at setup (the
-    vocabulary itself is stored in checkpoints and exported with the vectors). ``export_dir``:
-    where the trained embedding (vocab + vectors + word2vec text) is written when training ends.
+    ``net``: the built :class:`STEEncoder`; its ``vocab_size`` is the DataModule's vocabulary size (linked
+    by the CLI; the vocabulary itself is stored in checkpoints and exported with the vectors), its
+    ``sparse`` switch picks SparseAdam for the embedding rows. ``export_dir``: where the trained
+    embedding (vocab + vectors + word2vec text) is written when training ends.
     """
 
     monitor = "val/loss"
     monitor_mode = "min"
 
-    def __init__(self, vocab_size: int | None = None, encoding_size: int = 300, embedding_dim: int | None = None,
-                 projection_size: int | None = None, temperature: float = 0.05, sparse: bool = True,
-                 embedding_lr: float | None = None, export_dir: str | None = None, optimizer: OptimizerCallable = ste_default_optimizer,
+    def __init__(self, net: STEEncoder, temperature: float = 0.05, embedding_lr: float | None = None,
+                 export_dir: str | None = None, optimizer: OptimizerCallable = ste_default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
         self.automatic_optimization = False  # two optimizers: SparseAdam (embedding) + the dense one
+        self.model = self.adopt_net(net)
+        self.sparse = self.model.init_args["sparse"]
         self.vocab: list[str] | None = None
-        self.model: STEEncoder | None = None
-        if vocab_size is not None:
-            self._build(vocab_size)
         self._val_vectors = None
-
-    def _build(self, vocab_size: int):
-        h = self.hparams
-        self.model = STEEncoder(vocab_size, h.encoding_size, h.embedding_dim, h.projection_size, h.sparse)
-        self.hparams.vocab_size = vocab_size
 
     def setup(self, stage: str):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "vocab"):
             vocab = list(dm.vocab)
-            if self.model is None:
-                self._build(len(vocab))
-            elif self.model.embedding.num_embeddings != len(vocab):
+            if self.model.embedding.num_embeddings != len(vocab):
                 raise ValueError(f"The model has {self.model.embedding.num_embeddings} vocabulary rows but the "
                                  f"DataModule's similarity lists have {len(vocab)} lemmas; train a new model "
                                  "or use the lists it was trained on.")
             self.vocab = vocab
-        if self.model is None:
-            raise ValueError("SemanticTextEmbedding needs vocab_size or a DataModule with a `vocab` "
-                             "(data_modules.similarity_lists.SimilarityListsDataModule).")
 
     # ------------------------------------------------------------------------------ training
     def configure_optimizers(self):
-        assert self.model is not None, "setup() builds the model before the optimizers"
         dense = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
-        if not self.hparams.sparse:
+        if not self.sparse:
             dense = list(self.model.parameters())
         dense_opt = self.optimizer_factory(dense)
         optimizers = [dense_opt]
-        if self.hparams.sparse:
+        if self.sparse:
             lr = self.hparams.embedding_lr or 10 * dense_opt.param_groups[0]["lr"]
             optimizers.insert(0, torch.optim.SparseAdam(list(self.model.embedding.parameters()), lr=lr))
         if self.lr_scheduler_factory is None:
@@ -165,8 +154,6 @@ class SemanticTextEmbedding(GroundingModule):
 
     def on_load_checkpoint(self, checkpoint):
         self.vocab = checkpoint.get("ste_vocab")
-        if self.model is None and self.vocab is not None:
-            self._build(len(self.vocab))
 
     def on_train_end(self):
         if self.hparams.export_dir and self.trainer.is_global_zero and not self.trainer.sanity_checking:

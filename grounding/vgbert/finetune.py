@@ -6,9 +6,10 @@ frozen, refines the visual self-attention layer and the top l = 2 BERT layers, a
 cross-modal attention, bilinear relation module and auxiliary classifier with
 Loss_rel + Loss_obj + object cross-entropy (each switchable for the Table 5 ablation).
 
-Relation and object label sets come from the DataModule (``relation_labels`` / ``object_classes``,
-e.g. the 114 / 55 of ``data_modules.vg_cleaning``) when not given, and are stored in the
-checkpoint's hyperparameters. Metrics on val/test: relation top-1 / top-10 and object top-1.
+The network arrives built (``net``: :class:`VGBertRelational`). Relation and object label sets come
+from the DataModule (``relation_labels`` / ``object_classes``, e.g. the 114 / 55 of
+``data_modules.vg_cleaning``; the CLI links them and their sizes into the network) and are stored in
+the checkpoint's hyperparameters. Metrics on val/test: relation top-1 / top-10 and object top-1.
 """
 
 from __future__ import annotations
@@ -27,36 +28,33 @@ from grounding.vgbert.relational import VGBertRelational, relational_losses
 class RelationalFinetune(GroundingModule):
     """VG-BERT relational grounding (Fig. 2); monitors ``val/relation_top1`` (max).
 
-    Args (paper values in brackets): init_from [a stage-1 checkpoint; None trains from the
-    pretrained encoders], text_encoder [bert-base-uncased], backbone [vgg16], trainable_layers l [2],
-    freeze_query_key [True, as in stage 1 App. A.2], dropout [0.1], visual_heads [12: the stage-1
-    visual self-attention], num_heads h of the cross-modal attention [8], relation_dim d [32],
-    query_pooling ["tokens": each description token attends, outputs averaged], temperature tau
-    [1.0], use_loss_rel / use_loss_obj / use_object_loss [all; Table 5 switches one off],
-    mask_same_pair (a pair's other annotated predicates are not its negatives) [True], drop_loss
-    ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_* switches),
-    relation_labels / object_classes [from the DataModule], top_k [(1, 10)], feature_cache [True].
-    Engineering additions, off in the paper ["none" / False]: key_position ("keys" | "keys_values":
-    a fixed 2D sinusoidal location encoding on the cross-attention keys / values) and
-    spatial_centroid (each object's attention centroid (x, y) feeds the subject/object d = 32 maps;
-    spatial_scale [1.0] multiplies it, i.e. scales the effective Adam step of its maps).
+    ``net``: the built :class:`VGBertRelational` (its architecture, paper values in brackets:
+    text_encoder [bert-base-uncased], backbone [vgg16], trainable_layers l [2], freeze_query_key
+    [True, as in stage 1 App. A.2], dropout [0.1], visual_heads [12: the stage-1 visual
+    self-attention], num_heads h of the cross-modal attention [8], relation_dim d [32],
+    query_pooling ["tokens": each description token attends, outputs averaged]; engineering
+    additions, off in the paper: key_position ("keys" | "keys_values": a fixed 2D sinusoidal location
+    encoding on the cross-attention keys / values) and spatial_centroid (each object's attention
+    centroid (x, y) feeds the subject/object d = 32 maps; spatial_scale [1.0] multiplies it)). Its
+    num_relations / num_object_classes and this module's relation_labels / object_classes come from
+    the DataModule (linked by the CLI).
+
+    Training options: init_from [a stage-1 checkpoint; None trains from the pretrained encoders],
+    temperature tau [1.0], use_loss_rel / use_loss_obj / use_object_loss [all; Table 5 switches one
+    off], mask_same_pair (a pair's other annotated predicates are not its negatives) [True],
+    drop_loss ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_*
+    switches), top_k [(1, 10)], feature_cache [True].
     """
 
     monitor = "val/relation_top1"
     monitor_mode = "max"
 
-    def __init__(self, init_from: str | None = None, text_encoder: str = "minilm", backbone: str = "vgg16",
-                 backbone_weights: str | None = "default", trainable_layers: int = 2, freeze_query_key: bool = True,
-                 dropout: float = 0.1, attention_dropout: float | None = None, visual_heads: int = 12,
-                 image_size: int = 224, num_heads: int = 8, relation_dim: int = 32, query_pooling: str = "tokens",
-                 classifier_hidden: int | None = None, train_visual_attention: bool = True,
-                 key_position: str = "none", spatial_centroid: bool = False, spatial_scale: float = 1.0,
-                 temperature: float = 1.0,
-                 use_loss_rel: bool = True, use_loss_obj: bool = True, use_object_loss: bool = True,
-                 mask_same_pair: bool = True, drop_loss: str = "none", relation_labels: list[str] | None = None,
-                 object_classes: list[str] | None = None, top_k: tuple[int, ...] = (1, 10),
-                 feature_cache: bool = True, feature_cache_dir: str | None = None,
-                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+    def __init__(self, net: VGBertRelational, relation_labels: list[str], object_classes: list[str],
+                 init_from: str | None = None, temperature: float = 1.0, use_loss_rel: bool = True,
+                 use_loss_obj: bool = True, use_object_loss: bool = True, mask_same_pair: bool = True,
+                 drop_loss: str = "none", top_k: tuple[int, ...] = (1, 10), feature_cache: bool = True,
+                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
+                 lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
         ablations = {"none": (), "rel": ("use_loss_rel",), "obj": ("use_loss_obj",), "aux": ("use_object_loss",)}
         if drop_loss not in ablations:
@@ -68,31 +66,23 @@ class RelationalFinetune(GroundingModule):
             raise ValueError("use_loss_rel, use_loss_obj and use_object_loss are all False: enable at least one.")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss)
+        if relation_labels is None or object_classes is None or len(relation_labels) < 2 or len(object_classes) < 2:
+            raise ValueError("RelationalFinetune needs at least 2 relation labels and 2 object classes; got "
+                             f"{relation_labels!r} / {object_classes!r}. The CLI links them from a "
+                             "VisualGenomeDataModule; check its label mapping / data.")
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
+        self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss,
+                            relation_labels=list(relation_labels), object_classes=list(object_classes))
+        self.model = self.adopt_net(net)
+        sizes = (self.model.init_args["num_relations"], self.model.init_args["num_object_classes"])
+        if sizes != (len(relation_labels), len(object_classes)):
+            raise ValueError(f"The network scores {sizes[0]} relations / {sizes[1]} object classes but "
+                             f"{len(relation_labels)} / {len(object_classes)} labels were given.")
         self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
-        self.model: VGBertRelational | None = None
         self._init_loaded = False
-        if relation_labels is not None and object_classes is not None:
-            self._build(list(relation_labels), list(object_classes))
-
-    # ------------------------------------------------------------------ construction
-    def _build(self, relation_labels: list[str], object_classes: list[str]) -> None:
-        h = self.hparams
-        if len(relation_labels) < 2 or len(object_classes) < 2:
-            raise ValueError(f"RelationalFinetune needs at least 2 relation labels and 2 object classes; got "
-                             f"{len(relation_labels)} and {len(object_classes)}. Check the label mapping / data.")
-        # With a stage-1 checkpoint the frozen CNN comes from it too: no separate ImageNet file needed.
-        weights = None if h.init_from else h.backbone_weights
-        self.model = VGBertRelational(len(relation_labels), len(object_classes), h.text_encoder, h.backbone, weights,
-                                      h.trainable_layers, h.freeze_query_key, h.dropout, h.visual_heads, h.image_size,
-                                      h.num_heads, h.relation_dim, h.attention_dropout, h.query_pooling,
-                                      h.classifier_hidden, h.train_visual_attention, h.get("key_position", "none"),
-                                      h.get("spatial_centroid", False), h.get("spatial_scale", 1.0))
-        self.hparams["relation_labels"], self.hparams["object_classes"] = relation_labels, object_classes
         metrics = {}
         for split in ("val", "test"):
-            for k in h.top_k:
+            for k in top_k:
                 kk = min(int(k), len(relation_labels))
                 if kk < k:
                     warnings.warn(f"relation top-{k}: only {len(relation_labels)} relation labels, using top-{kk}.",
@@ -105,17 +95,12 @@ class RelationalFinetune(GroundingModule):
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule if self._trainer is not None else None
-        labels = (list(dm.relation_labels), list(dm.object_classes)) if dm is not None and hasattr(
-            dm, "relation_labels") else None
-        if self.model is None:
-            if labels is None:
-                raise ValueError("RelationalFinetune needs relation_labels and object_classes: give them as init args "
-                                 "or use a DataModule exposing .relation_labels / .object_classes (VisualGenomeDataModule).")
-            self._build(*labels)
-        elif labels is not None and labels != (self.hparams.relation_labels, self.hparams.object_classes):
-            raise ValueError("The DataModule's relation labels / object classes differ from the model's "
-                             f"({len(labels[0])}/{len(labels[1])} vs {len(self.hparams.relation_labels)}/"
-                             f"{len(self.hparams.object_classes)}): use the same label mapping as the checkpoint.")
+        if dm is not None and hasattr(dm, "relation_labels"):
+            labels = (list(dm.relation_labels), list(dm.object_classes))
+            if labels != (self.hparams.relation_labels, self.hparams.object_classes):
+                raise ValueError("The DataModule's relation labels / object classes differ from the model's "
+                                 f"({len(labels[0])}/{len(labels[1])} vs {len(self.hparams.relation_labels)}/"
+                                 f"{len(self.hparams.object_classes)}): use the same label mapping as the checkpoint.")
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
             self.load_stage1(self.hparams.init_from)
 
@@ -125,10 +110,10 @@ class RelationalFinetune(GroundingModule):
 
     def load_stage1(self, path: str | Path) -> None:
         """Load the visual and language streams of a stage-1 (GroundingPretrain) checkpoint."""
-        h = self.hparams
+        arch = self.model.init_args
         ckpt = read_checkpoint(path, "stage-1")
         load_submodules(self.model, ckpt, {"model.visual.": "visual", "model.language.": "language"}, path, "stage-1",
-                        {"text_encoder": h.text_encoder, "backbone": h.backbone, "visual_heads": h.visual_heads})
+                        {key: arch[key] for key in ("text_encoder", "backbone", "visual_heads")})
         self._init_loaded = True
 
     # ------------------------------------------------------------------ steps

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grounding.encoders import load_tokenizer
+from grounding.nets import RecordedNet
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
 QUERY_POOLING = ("tokens", "mean")
@@ -367,7 +368,7 @@ def relational_losses(relation_scores: torch.Tensor, object_logits: torch.Tensor
     return {"loss": loss, "loss_rel": loss_rel, "loss_obj": loss_obj, "loss_cls": loss_cls}
 
 
-class VGBertRelational(nn.Module):
+class VGBertRelational(RecordedNet):
     """The stage-2 model (Fig. 2): visual + language streams (stage-1 layout: ``visual.*``,
     ``language.*``; the stage-1 projection heads are gone) and :class:`RelationalGrounding`."""
 
@@ -379,7 +380,6 @@ class VGBertRelational(nn.Module):
                  train_visual_attention: bool = True, key_position: str = "none", spatial_centroid: bool = False,
                  spatial_scale: float = 1.0):
         super().__init__()
-
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
                                        attention_dropout=attention_dropout)
         d = self.language.width

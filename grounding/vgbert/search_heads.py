@@ -24,6 +24,7 @@ from grounding.caption_retrieval import drop_sampler_repeats
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
+from grounding.nets import net_hparams
 from grounding.retrieval import retrieval_metrics
 from grounding.vgbert.relational import VGBertRelational
 
@@ -123,7 +124,8 @@ def resolve_stage2(init_from: str | None, stage2: dict | None) -> dict:
     if not hp.get("relation_labels") or not hp.get("object_classes"):
         raise CheckpointError(f"{init_from} has no relation_labels/object_classes hyperparameters: is it a "
                               "RelationalFinetune (stage-2) checkpoint?")
-    resolved = {k: hp[k] for k in STAGE2_ARCH_KEYS if k in hp}
+    arch = {**net_hparams(hp), "relation_labels": hp["relation_labels"], "object_classes": hp["object_classes"]}
+    resolved = {k: arch[k] for k in STAGE2_ARCH_KEYS if k in arch}
     for k, v in given.items():
         if k in resolved and resolved[k] != v:
             raise CheckpointError(f"stage2.{k}={v!r} in the config contradicts the stage-2 checkpoint {init_from} "
