@@ -139,8 +139,11 @@ def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | 
     original_device = next(iter(backbone.parameters()), torch.zeros(0)).device
     backbone.to(device)
     loader = torch.utils.data.DataLoader(_Pixels(load_image, n), batch_size=batch_size, num_workers=num_workers)
+    # The build leaves the global RNGs as it found them (a DataLoader draws a seed), so a run's numbers do
+    # not depend on whether its cache was already there.
+    devices = [device] if torch.device(device).type == "cuda" else []
     try:
-        with atomic_path(path) as tmp:
+        with torch.random.fork_rng(devices=devices), atomic_path(path) as tmp:
             tmp.mkdir(parents=True)
             array = None
             start = 0
