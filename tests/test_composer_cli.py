@@ -9,6 +9,7 @@ import pytest
 
 from grounding.composer import CaptionFileError, ConceptGraph, backend_available, read_captions
 from grounding.composer.__main__ import main
+from grounding.composer.captions import C30K_IMAGES, C30K_SPLITS, c30k
 
 CAPTIONS = [
     "A dog runs on the grass .", "Two dogs are running on the grass .", "A brown dog plays with a ball .",
@@ -134,3 +135,65 @@ def test_reader_takes_mcd_outputs_and_reports_non_utf8(tmp_path):
     lst.write_bytes(b"img\xe90.jpg\n")
     with pytest.raises(CaptionFileError, match=r"list\.txt:1 is not UTF-8"):
         read_captions(_token_file(tmp_path), images_list=lst)
+
+
+def _karpathy_coco(tmp_path, splits=("train", "restval", "val", "test", "train", "restval", "train", "test")):
+    def sentences(i):
+        return [{"raw": c, "tokens": [], "imgid": i, "sentid": 2 * i + k} for k, c in enumerate(CAPTIONS[i % 6 * 2:i % 6 * 2 + 2])]
+
+    images = [{"filename": f"COCO_{i:03d}.jpg", "filepath": "x", "cocoid": 100 + i, "imgid": i, "split": sp, "sentids": [],
+               "sentences": sentences(i)} for i, sp in enumerate(splits)]
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(json.dumps({"dataset": "coco", "images": images}))
+    return path
+
+
+def test_c30k_is_a_seeded_subset_of_the_karpathy_training_split(tmp_path):
+    assert C30K_IMAGES == 29_000 and set(C30K_SPLITS) == {"train", "restval"}  # F30K's Karpathy training split size (§5.1)
+    cs = read_captions(_karpathy_coco(tmp_path))
+    a, b = c30k(cs, seed=0, n_images=4), c30k(cs, seed=0, n_images=4)
+    assert a.image_names == b.image_names and a.n_images == 4 and len(a) == 8
+    assert set(a.splits) <= {"train", "restval"} and a.image_names == sorted(a.image_names)  # file order kept
+    assert {c30k(cs, seed=s, n_images=3).image_names[0] for s in range(8)} != {a.image_names[0]}  # the seed matters
+    assert c30k(cs, n_images=5).n_images == 5  # all train + restval images
+    with pytest.raises(CaptionFileError, match="C30K needs 6"):
+        c30k(cs, n_images=6)
+    with pytest.raises(CaptionFileError, match="Karpathy"):
+        c30k(read_captions(_token_file(tmp_path)), n_images=2)
+    with pytest.raises(CaptionFileError, match="cannot sample"):
+        cs.sample_images(99)
+
+
+def test_subset_options_and_the_f30k_mcd_config_use_c30k(tmp_path, capsys):
+    from grounding.composer.__main__ import parse_args
+    from grounding.paths import EXPERIMENTS_DIR
+
+    args = parse_args(["mcd", "--config", str(EXPERIMENTS_DIR / "composer" / "mcd_coco_to_f30k.yaml")])
+    assert (args.train_subset, args.train_sample_seed, args.captions_per_image) == ("c30k", 0, 5)
+    assert args.candidates_subset is None and args.candidates_split == ["train"]
+    args = parse_args(["crg", "--config", str(EXPERIMENTS_DIR / "composer" / "crg_c30k.yaml")])
+    assert args.captions_subset == "c30k"
+    coco = str(_karpathy_coco(tmp_path))
+    for argv in (["crg", "--captions", coco, "--captions-subset", "c30k", "--captions-sample-images", "3", "--out", str(tmp_path)],
+                 ["crg", "--captions", coco, "--captions-subset", "c30k", "--captions-split", "val", "--out", str(tmp_path)],
+                 ["crg", "--captions", coco, "--captions-subset", "c31k", "--out", str(tmp_path)]):
+        assert main(argv) == 2, argv
+    assert "c30k" in capsys.readouterr().err
+
+
+def test_sampled_crg_writes_its_image_list(tmp_path, capsys, monkeypatch):
+    ok, why = backend_available("spacy")
+    if not ok:
+        pytest.skip(f"spaCy backend not installed: {why}")
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    coco = _karpathy_coco(tmp_path)
+    argv = ["crg", "--captions", str(coco), "--captions-split", "train", "restval", "--captions-sample-images", "3",
+            "--captions-sample-seed", "1", "--out", str(tmp_path / "crg")]
+    assert main(argv) == 0
+    listed = (tmp_path / "crg" / "captions_images.txt").read_text().split()
+    expected = read_captions(coco, ["train", "restval"]).sample_images(3, seed=1).image_names
+    assert listed == expected and ConceptGraph.load(tmp_path / "crg" / "crg.npz").n_captions == 6
+    # the list reads back as --captions-images: the same graph from the same images
+    assert main(["crg", "--captions", str(coco), "--captions-images", str(tmp_path / "crg" / "captions_images.txt"),
+                 "--out", str(tmp_path / "again")]) == 0
+    assert ConceptGraph.load(tmp_path / "again" / "crg.npz").image_names.tolist() == expected

@@ -61,6 +61,29 @@ def test_relative_clause_is_an_sbar_concept_with_its_own_predicate():
     assert crg.height == 5
 
 
+def test_that_relative_clause_gives_the_that_s_level():
+    # benepar / Penn: (NP (NP a dog) (SBAR (WHNP that) (S (VP is (VP running (PP on (NP the grass)))))))
+    t = Tree.fromstring("(NP (NP (DT a) (NN dog)) (SBAR (WHNP (WDT that)) (S (VP (VBZ is) (VP (VBG running)"
+                        " (PP (IN on) (NP (DT the) (NN grass))))))))")
+    assert [(p.template, p.args) for p in extract_crg(t).predicates] == [
+        ("[NP] [SBAR]", ("a dog", "that is running on the grass")), ("a [NN]", ("dog",)),
+        ("that [S]", ("is running on the grass",)), ("is running on [NP]", ("the grass",)), ("the [NN]", ("grass",))]
+
+
+def test_list_of_three_is_one_predicate_with_three_arguments():
+    t = Tree.fromstring("(NP (NP (DT a) (NN dog)) (, ,) (NP (DT a) (NN cat)) (CC and) (NP (DT a) (NN bird)))")
+    crg = extract_crg(t)
+    assert crg.predicates[0].template == "[NP] [NP] and [NP]"
+    assert crg.predicates[0].args == ("a dog", "a cat", "a bird") and crg.height == 2
+
+
+def test_noun_compound_is_one_np_over_its_nouns():
+    t = Tree.fromstring("(S (NP (DT a) (NN dog)) (VP (VBZ sits) (PP (IN by) (NP (DT a) (JJ red) (NN fire) (NN hydrant)))))")
+    assert templates(extract_crg(t)) == {
+        ("[NP] sits by [NP]", ("a dog", "a red fire hydrant"), "a dog sits by a red fire hydrant"),
+        ("a [NN]", ("dog",), "a dog"), ("a red [NN] [NN]", ("fire", "hydrant"), "a red fire hydrant")}
+
+
 def test_phrases_without_primitives_and_non_concept_tags_stay_in_the_template():
     # ADJP/VP/PP are not concept tags; "each other" (no noun) is not a concept
     t = Tree.fromstring("(NP (NP (DT a) (NN dog)) (VP (VBG playing) (PP (IN with) (NP (DT each) (JJ other)))))")

@@ -21,7 +21,7 @@ from grounding.composer import (
     read_captions,
     removal_deltas,
 )
-from grounding.composer.mcd import rowwise_divergence, window_divergences
+from grounding.composer.mcd import rowwise_divergence, window_divergences, write_karpathy_split
 
 
 def test_identical_distributions_have_zero_divergence():
@@ -141,3 +141,50 @@ def test_candidates_with_unseen_primitives_are_dropped(tmp_path):
     assert "d.jpg" not in kept
     with pytest.raises(ValueError, match="cannot pick k=4"):
         make_mcd_splits(train, cand, cs, tmp_path, k=4)
+
+
+def _seven_caption_set():
+    # image 0 has 7 captions and image 1 has 5, interleaved in the file (COCO has 6-7 for some images)
+    img = [0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 1]
+    caps = [f"a dog number {j} runs" for j in range(len(img))]
+    return CaptionSet(["a.jpg", "b.jpg"], caps, np.array(img), dataset="coco")
+
+
+def test_first_captions_keeps_each_images_first_five_in_file_order():
+    cs = _seven_caption_set()
+    five = cs.first_captions(5)
+    assert [len(five.captions_of(i)) for i in range(2)] == [5, 5]
+    assert five.captions_of(0) == cs.captions_of(0)[:5] and five.captions_of(1) == cs.captions_of(1)
+    assert five.rows.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 11]  # rows into the file: the 6th and 7th of image 0 dropped
+    assert cs.first_captions(99).captions == cs.captions
+    with pytest.raises(ValueError):
+        cs.first_captions(0)
+
+
+def test_split_files_hold_five_captions_per_image(tmp_path):
+    cs = _seven_caption_set()
+    split = json.loads(write_karpathy_split(tmp_path / "s.json", cs, [0, 1]).read_text())
+    assert [len(im["sentences"]) for im in split["images"]] == [5, 5]
+    assert [x["raw"] for x in split["images"][0]["sentences"]] == cs.captions_of(0)[:5]
+    assert [x["sentid"] for im in split["images"] for x in im["sentences"]] == list(range(10))
+    every = json.loads(write_karpathy_split(tmp_path / "all.json", cs, [0, 1], captions_per_image=None).read_text())
+    assert [len(im["sentences"]) for im in every["images"]] == [7, 5]
+
+
+def test_mcd_and_graded_splits_cap_images_at_five_captions(tmp_path):
+    _, train = _world(60, VERBS[:3], seed=0)
+    cand_cs, _ = _world(40, VERBS, seed=1, offset=1000)
+    # give every other candidate image two extra captions (7 in all), then cap as the `mcd` command does
+    extra = [(i, f"a dog sits on the bench {i}") for i in range(0, 40, 2) for _ in range(2)]
+    cs = CaptionSet(cand_cs.image_names, cand_cs.captions + [c for _, c in extra],
+                    np.concatenate([cand_cs.caption_image, [i for i, _ in extra]]), dataset="coco")
+    capped = cs.first_captions(5)
+    trees = [f"(S (NP (DT a) (NN {c.split()[1]})) (VP (VBZ {c.split()[2]}) (PP (IN {c.split()[3]}) (NP (DT the) (NN {c.split()[5]})))))"
+             for c in capped.captions]
+    cand = ConceptGraph.build([extract_crg(Tree.fromstring(t)) for t in trees], capped.caption_image, capped.image_names)
+    s = make_mcd_splits(train, cand, cs, tmp_path, k=10, levels=3, random_baselines=3)
+    assert s["captions_per_image"] == 5
+    for f in ["mcd.json"] + [g["file"] for g in s["graded"]]:
+        split = json.loads((tmp_path / f).read_text())
+        assert {len(im["sentences"]) for im in split["images"]} == {5}, f
+        assert all(x["raw"] in capped.captions for im in split["images"] for x in im["sentences"])

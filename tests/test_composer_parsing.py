@@ -43,6 +43,21 @@ def test_spacy_backend_relative_clause_and_coordination():
     assert ("[NP] and [NP]", ("a man", "a woman")) in {(p.template, p.args) for p in extract_crg(t2).predicates}
 
 
+def test_spacy_backend_follows_penn_for_relatives_lists_and_compounds():
+    parser = _require("spacy")
+    rel, lst, cpd = parser.parse(["A dog that is running on the grass .", "A dog , a cat and a bird .",
+                                  "Two dogs are peeing at a red fire hydrant ."])
+    assert "(SBAR (WHNP (WDT that)) (S (VP" in tree_to_string(rel)
+    got = {(p.template, p.args) for p in extract_crg(rel).predicates}
+    assert {("[NP] [SBAR]", ("a dog", "that is running on the grass")), ("that [S]", ("is running on the grass",)),
+            ("is running on [NP]", ("the grass",))} <= got
+    assert extract_crg(lst).predicates[0].template == "[NP] [NP] and [NP]"
+    assert extract_crg(lst).predicates[0].args == ("a dog", "a cat", "a bird")
+    got = {(p.template, p.args) for p in extract_crg(cpd).predicates}
+    assert ("[NP] are peeing at [NP]", ("two dogs", "a red fire hydrant")) in got
+    assert ("a red [NN] [NN]", ("fire", "hydrant")) in got
+
+
 def test_link_grammar_backend_trees_have_pos_preterminals():
     parser = _require("link-grammar")
     tree, = parser.parse(["A man who is wearing a red hat sits on the bench near the lake ."])

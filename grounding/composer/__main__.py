@@ -2,7 +2,8 @@
 
     python -m grounding.composer crg   --captions FILE --out DIR [--backend spacy] [--workers N] [--degrade P]
     python -m grounding.composer stats --graph DIR/crg.npz | --captions FILE
-    python -m grounding.composer mcd   --train FILE --candidates FILE --out DIR [--k 1000]
+    python -m grounding.composer mcd   --train FILE --candidates FILE --out DIR [--k 1000] [--captions-per-image 5]
+    python -m grounding.composer crg   --captions dataset_coco.json --captions-subset c30k --out DIR   # C30K (§5.1)
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
 
@@ -21,17 +22,17 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from grounding.paths import shared_data_dir
-from grounding.utils.io import atomic_write_json
+from grounding.utils.io import atomic_write_json, atomic_write_text
 
 from .build import build_concept_graph
-from .captions import CaptionFileError, read_captions
+from .captions import C30K_IMAGES, C30K_SEED, C30K_SPLITS, MCD_CAPTIONS_PER_IMAGE, CaptionFileError, c30k, read_captions
 from .concept_graph import ConceptGraph, format_stats
 from .mcd import make_mcd_splits
 from .parsing import BACKENDS, DEFAULT_BACKEND, ParserUnavailableError, backend_available
@@ -70,6 +71,12 @@ def _caption_args(p: ArgumentParser, prefix: str, what: str):
                    help="keep only these Karpathy splits (e.g. train restval)")
     p.add_argument(f"--{prefix}-images", type=str, nargs="*", default=None,
                    help="keep only the images listed in these files (one file name a line; union of all files)")
+    p.add_argument(f"--{prefix}-subset", type=Optional[Literal["c30k"]], default=None,
+                   help=f"named image subset: c30k = {C30K_IMAGES:,} images drawn with --{prefix}-sample-seed "
+                        f"(default {C30K_SEED}) from Karpathy COCO {' + '.join(C30K_SPLITS)} (the paper's C30K, §5.1)")
+    p.add_argument(f"--{prefix}-sample-images", type=Optional[int], default=None,
+                   help="keep a seeded random subset of this many images (after split / image-list selection)")
+    p.add_argument(f"--{prefix}-sample-seed", type=int, default=C30K_SEED, help="seed of --*-sample-images and --*-subset")
 
 
 def _common(p: ArgumentParser):
@@ -99,6 +106,9 @@ def build_argparser() -> ArgumentParser:
     mcd.add_argument("--stride", type=Optional[int], default=None, help="sliding-window stride (default k/20)")
     mcd.add_argument("--levels", type=int, default=16, help="graded splits to write (Fig. 4 uses 16)")
     mcd.add_argument("--random-baselines", type=int, default=20, help="random splits of size k to compare against")
+    mcd.add_argument("--captions-per-image", type=Optional[int], default=MCD_CAPTIONS_PER_IMAGE,
+                     help="candidate captions kept per image, first in file order (§5.1: 5; COCO images have up to 7); "
+                          "null keeps all")
     _common(mcd)
     show = _subparser("show", config=False)
     show.add_argument("--graph", type=str, required=True)
@@ -162,10 +172,33 @@ def _need(args, *names):
         raise UsageError(f"`{args.command}` needs {', '.join(missing)}")
 
 
-def _build(args, prefix: str):
+def _select(args, prefix: str):
+    """The captions a command reads: file, Karpathy splits, image lists, then a seeded image subset."""
     path = _expand(getattr(args, prefix))
+    splits, subset = getattr(args, f"{prefix}_split"), getattr(args, f"{prefix}_subset")
+    n_sample, seed = getattr(args, f"{prefix}_sample_images"), getattr(args, f"{prefix}_sample_seed")
+    if subset == "c30k" and (n_sample is not None or splits and set(splits) != set(C30K_SPLITS)):
+        raise UsageError(f"--{prefix}-subset c30k picks its own images ({C30K_IMAGES:,} of Karpathy COCO "
+                         f"{' + '.join(C30K_SPLITS)}); drop --{prefix}-sample-images / --{prefix}-split")
+    cs = read_captions(path, splits, [_expand(f) for f in getattr(args, f"{prefix}_images") or []] or None)
+    if subset == "c30k":
+        cs = c30k(cs, seed)
+    elif n_sample is not None:
+        cs = cs.sample_images(n_sample, seed)
+    return path, cs
+
+
+def _write_image_list(args, prefix: str, cs, out: Path):
+    """A sampled subset is also written as an image list (``--<prefix>-images`` reads it back)."""
+    if getattr(args, f"{prefix}_subset") or getattr(args, f"{prefix}_sample_images") is not None:
+        atomic_write_text(out / f"{prefix}_images.txt", "".join(f"{n}\n" for n in cs.image_names))
+
+
+def _build(args, prefix: str, captions_per_image: int | None = None):
+    path, cs = _select(args, prefix)
     full = read_captions(path)
-    cs = read_captions(path, getattr(args, f"{prefix}_split"), [_expand(f) for f in getattr(args, f"{prefix}_images") or []] or None)
+    if captions_per_image is not None:
+        cs = cs.first_captions(captions_per_image)
     # the whole file is parsed (and cached) once; splits and image lists select from it
     graph, report = build_concept_graph(cs, backend=args.backend, workers=args.workers, degrade_prob=args.degrade,
                                         seed=args.seed, cache=not args.no_cache, file_captions=full.captions)
@@ -215,6 +248,7 @@ def main(argv=None) -> int:
             cs, g, report = _build(args, "captions")
             out = Path(_expand(args.out))
             g.save(out / "crg.npz")
+            _write_image_list(args, "captions", cs, out)
             stats = g.stats()
             atomic_write_json(out / "stats.json", {"source": cs.source, "backend": args.backend, "degrade": args.degrade,
                                                    "seed": args.seed, **stats, "parse_seconds": report.parse_seconds,
@@ -226,13 +260,16 @@ def main(argv=None) -> int:
             return 0
         if args.command == "mcd":
             _need(args, "train", "candidates", "out")
-            _, train_g, _ = _build(args, "train")
-            cand_cs, cand_g, _ = _build(args, "candidates")
+            train_cs, train_g, _ = _build(args, "train")
+            # App. B counts an image's compounds over the captions the split keeps (5 per image)
+            cand_cs, cand_g, _ = _build(args, "candidates", args.captions_per_image)
             out = Path(_expand(args.out))
             train_g.save(out / "train_crg.npz")
             cand_g.save(out / "candidates_crg.npz")
+            _write_image_list(args, "train", train_cs, out)
+            _write_image_list(args, "candidates", cand_cs, out)
             s = make_mcd_splits(train_g, cand_g, cand_cs, out, k=args.k, stride=args.stride, levels=args.levels,
-                                random_baselines=args.random_baselines, seed=args.seed)
+                                random_baselines=args.random_baselines, seed=args.seed, captions_per_image=args.captions_per_image)
             rnd = s["random_splits"]
             print(f"candidates kept {s['candidates_kept']:,} of {s['candidates']:,} (dropped {s['candidates_dropped']:,} "
                   f"with primitives unseen in training or no predicates)")

@@ -29,6 +29,15 @@ class CaptionFileError(ValueError):
 
 KARPATHY_REQUIRED = ("filename", "sentences")  # COMPOSER's own MCD files carry a split; other layouts need none
 
+# C30K (§5.1): "a subset training data C30K, which contains the same amount of images as the F30K" training
+# split (29,000 images, the Karpathy / Faghri et al. 2017 split), drawn here from the Karpathy COCO training
+# split the paper's full-COCO models use, train + restval (113,287 images), with a fixed seed.
+C30K_IMAGES = 29_000
+C30K_SPLITS = ("train", "restval")
+C30K_SEED = 0
+# §5.1 / App. B: an evaluation split holds 1,000 images and 5,000 text queries (5 captions per image).
+MCD_CAPTIONS_PER_IMAGE = 5
+
 
 @dataclass
 class CaptionSet:
@@ -72,6 +81,24 @@ class CaptionSet:
             splits=[self.splits[i] for i in images] if self.splits is not None else None,
             image_ids=[self.image_ids[i] for i in images] if self.image_ids is not None else None,
             source=self.source, dataset=self.dataset, meta=dict(self.meta), rows=self.rows[order])
+
+    def sample_images(self, n: int, seed: int = 0) -> "CaptionSet":
+        """A seeded random subset of ``n`` images (kept in file order) with all their captions."""
+        if not 0 < n <= self.n_images:
+            raise CaptionFileError(f"{self.source}: cannot sample {n:,} images from the {self.n_images:,} selected")
+        return self.subset(np.sort(np.random.default_rng(seed).choice(self.n_images, size=n, replace=False)))
+
+    def first_captions(self, n: int) -> "CaptionSet":
+        """Each image's first ``n`` captions in file order (COCO images have 6-7; a split holds 5)."""
+        if n < 1:
+            raise ValueError(f"captions per image must be >= 1, got {n}")
+        order = np.argsort(self.caption_image, kind="stable")
+        first = np.searchsorted(self.caption_image[order], self.caption_image[order], side="left")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order)) - first  # j's position among its image's captions
+        keep = np.flatnonzero(rank < n)
+        return CaptionSet(self.image_names, [self.captions[j] for j in keep], self.caption_image[keep], self.splits,
+                          self.image_ids, self.source, self.dataset, dict(self.meta), self.rows[keep])
 
     def filter_splits(self, splits: Iterable[str] | None) -> "CaptionSet":
         if not splits:
@@ -146,6 +173,21 @@ def _flickr_set(rec: CaptionRecords) -> CaptionSet:
 
 _SETS: dict[str, Callable[[CaptionRecords], CaptionSet]] = {"karpathy": _karpathy_set, "coco": _coco_set,
                                                             "flickr_token": _flickr_set}
+
+
+def c30k(captions: CaptionSet, seed: int = C30K_SEED, n_images: int | None = None) -> CaptionSet:
+    """C30K (§5.1): ``n_images`` (default :data:`C30K_IMAGES`, 29,000) images drawn with ``seed`` from the
+    Karpathy COCO train + restval images of ``captions`` (``dataset_coco.json`` read whole or restricted to
+    those splits), kept in file order with all their captions."""
+    if captions.splits is None:
+        raise CaptionFileError(f"{captions.source}: C30K is drawn from the Karpathy COCO training split "
+                               f"({' + '.join(C30K_SPLITS)}); give dataset_coco.json (Karpathy JSON with splits)")
+    n_images = C30K_IMAGES if n_images is None else n_images
+    pool = captions.filter_splits(C30K_SPLITS)
+    if pool.n_images < n_images:
+        raise CaptionFileError(f"{captions.source}: only {pool.n_images:,} images in splits {'+'.join(C30K_SPLITS)}, "
+                               f"C30K needs {n_images:,}")
+    return pool.sample_images(n_images, seed)
 
 
 def read_captions(path: str | Path, splits: Sequence[str] | None = None,

