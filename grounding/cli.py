@@ -115,6 +115,20 @@ def expand_config_bases(args: list[str]) -> list[str]:
     return out
 
 
+def config_options_first(argv: list[str]) -> list[str]:
+    """``--config FILE`` options moved to the front: jsonargparse applies arguments in order, so options
+    given on the command line then win over the file (the non-training commands' convention)."""
+    configs, rest, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv):
+            configs += argv[i:i + 2]
+            i += 2
+        else:
+            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
+            i += 1
+    return configs + rest
+
+
 def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
     file = Path(path)
     if not file.is_file():

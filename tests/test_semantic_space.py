@@ -318,10 +318,11 @@ def test_concreteness_end_to_end_on_semcat_subset(shared_data, tmp_path, monkeyp
 # Command line (jsonargparse): configs, flags, errors
 # --------------------------------------------------------------------------------------------
 def _cli_config(argv):
-    from grounding.semantic_space.__main__ import _config_first, build_parser, config_from_args
+    from grounding.cli import config_options_first
+    from grounding.semantic_space.__main__ import build_parser, config_from_args
     from grounding.semantic_space.report import merge_config
 
-    return merge_config(config_from_args(build_parser().parse_args(_config_first(argv))))
+    return merge_config(config_from_args(build_parser().parse_args(config_options_first(argv))))
 
 
 def test_cli_reads_the_report_configs_and_flags_win():

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
+from grounding.cli import config_options_first
 from grounding.paths import shared_data_dir
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
@@ -131,19 +132,10 @@ def build_argparser() -> ArgumentParser:
 
 
 def _config_first(argv: list[str]) -> list[str]:
-    """``<command> ... --config FILE ...`` -> ``<command> --config FILE ...``: jsonargparse applies
-    arguments in order, and options given on the command line win over the file."""
+    """``<command> ... --config FILE ...`` -> ``<command> --config FILE ...`` (options on the command line win)."""
     if not argv or argv[0] not in CONFIG_COMMANDS:
         return list(argv)
-    configs, rest, i = [], [], 1
-    while i < len(argv):
-        if argv[i] == "--config" and i + 1 < len(argv):
-            configs += argv[i:i + 2]
-            i += 2
-        else:
-            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
-            i += 1
-    return [argv[0], *configs, *rest]
+    return [argv[0], *config_options_first(list(argv[1:]))]
 
 
 def _apply_config(args: argparse.Namespace, parser: ArgumentParser | None = None) -> argparse.Namespace:

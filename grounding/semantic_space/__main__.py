@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
+from grounding.cli import config_options_first
 from grounding.semantic_space.report import DEFAULTS, merge_config, run_report
 
 PROG = "python -m grounding.semantic_space"
@@ -86,20 +87,6 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _config_first(argv: list[str]) -> list[str]:
-    """``--config FILE`` options moved to the front: jsonargparse applies arguments in order, and
-    options given on the command line win over the file."""
-    configs, rest, i = [], [], 0
-    while i < len(argv):
-        if argv[i] == "--config" and i + 1 < len(argv):
-            configs += argv[i:i + 2]
-            i += 2
-        else:
-            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
-            i += 1
-    return configs + rest
-
-
 def config_from_args(args: argparse.Namespace) -> dict:
     """The report config (``run_report``'s argument) of parsed arguments: ``--names`` / ``--prefix`` /
     ``--text-encoder`` (one value per model) set those fields of the models, ``--no-cache`` turns the
@@ -124,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg = config_from_args(build_parser().parse_args(_config_first(argv)))
+        cfg = config_from_args(build_parser().parse_args(config_options_first(argv)))
         merge_config(cfg)  # unknown parts, models without a source, no models: before any work
     except (ArgumentError, KeyError, ValueError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
