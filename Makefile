@@ -22,7 +22,7 @@ WORLD_SIZE ?= 128
 SEED ?= 0
 CLI := $(PY) -m grounding
 
-.PHONY: help install test test-full lint demo bench world clean crg mcd stage1 stage2 stage3 baseline \
+.PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
@@ -89,6 +89,7 @@ demo: install  ## generate the embedded world and run every stage on it at tiny 
 bench: install  ## benchmarks: speed ratios measured side by side in one run (~10 min on 2 cores)
 	$(PY) benchmarks/bench_vgbert.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
+	$(PY) benchmarks/bench_composer_model.py
 	test -f data/semclip/similarity_lists_wordnet.npz || $(MAKE) --no-print-directory semclip-lists
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
@@ -139,9 +140,21 @@ ste: install  ## SemCLIP: train the semantic text embedding on all WordNet nouns
 ste-report: install  ## SemCLIP: synonym coverage (Table 1) and word similarity (Table 2) of an exported STE (STE_OUT=)
 	$(PY) -m grounding.semclip report --ste $(STE_OUT)/embedding --out reports/semclip/$(notdir $(STE_OUT)) $(STE_REPORT_ARGS)
 
-demo-composer: install  ## COMPOSER on the embedded world: its Concept & Relation Graph and an MCD split
+# COMPOSER's model on the world's Concept & Relation Graphs (the CRGs are built and cached by the DataModule).
+COMPOSER_CONFIG ?= experiments/composer/composer_world.yaml
+COMPOSER_OUT ?= outputs/composer/world
+composer: install  ## COMPOSER: train on the embedded world, then test (sentence / phrase / held-out-pair R@1, R@5)
+	test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world
+	$(CLI) fit --config $(COMPOSER_CONFIG) --trainer.default_root_dir $(COMPOSER_OUT) $(COMPOSER_ARGS)
+	$(CLI) test --config $(COMPOSER_CONFIG) --trainer.default_root_dir $(COMPOSER_OUT) \
+	  --ckpt_path $(COMPOSER_OUT)/checkpoints/last.ckpt $(COMPOSER_TEST_ARGS)
+
+demo-composer: export COMPOSER_ARGS = --trainer.max_epochs 8 --trainer.check_val_every_n_epoch 8 --model.init_args.rerank_top_k 10
+demo-composer: export COMPOSER_TEST_ARGS = --model.init_args.rerank_top_k 10
+demo-composer: install  ## COMPOSER on the embedded world: its CRG, an MCD split, and the model at demo size (8 epochs, reranked eval)
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
+	$(MAKE) --no-print-directory composer
 
 # SemCLIP on the world: a world STE, then Γ_t aligning the suite's baseline VLM to it, then Tables 3-4.
 SEMCLIP_STE_CONFIG ?= experiments/semclip/ste_world.yaml

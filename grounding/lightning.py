@@ -59,8 +59,12 @@ class GroundingModule(LightningModule):
         optimizer = self.optimizer_factory(self.trainable_parameters())
         if self.lr_scheduler_factory is None:
             return optimizer
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "epoch"}}
+        scheduler = self.lr_scheduler_factory(optimizer)
+        interval = getattr(scheduler, "interval", "epoch")  # per-step schedules (warm-up) say so
+        if hasattr(scheduler, "set_steps_per_epoch") and self._trainer is not None:
+            epochs = max(int(self.trainer.max_epochs or 1), 1)
+            scheduler.set_steps_per_epoch(int(self.trainer.estimated_stepping_batches) // epochs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def configure_callbacks(self):
         # Replaces the trainer config's ModelCheckpoint, in <default_root_dir>/checkpoints so the next

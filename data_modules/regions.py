@@ -1,0 +1,116 @@
+"""Precomputed detector regions (Bottom-Up Attention Faster R-CNN, as COMPOSER and ViLBERT use them).
+
+Two layouts, the ones users have:
+
+* a folder of ``<image stem>.npz`` files, each with ``features`` (N, D), ``boxes`` (N, 4: x1, y1, x2, y2 in
+  pixels), ``image_h`` and ``image_w``;
+* the bottom-up-attention TSV (``image_id, image_w, image_h, num_boxes, boxes, features``; boxes and
+  features base64 float32), one image a line — indexed once by byte offset, read per image.
+
+Boxes come back normalised to [0, 1] by the image size (the 5-d location of the paper is built from them).
+An image is found by its file stem, or by the number its stem ends with (COCO's
+``COCO_val2014_000000391895`` -> 391895, Flickr's ``1000092795``). A missing or malformed entry is
+reported with its path.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .common import MalformedDataError, MissingDataError
+
+TSV_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
+NPZ_KEYS = ("features", "boxes", "image_h", "image_w")
+HINT = ("region files: a folder of <image stem>.npz (features N×D, boxes N×4 in pixels, image_h, image_w) or a "
+        "bottom-up-attention .tsv (image_id, image_w, image_h, num_boxes, boxes, features; base64 float32)")
+
+
+def _normalise(boxes: np.ndarray, w: float, h: float, where: str) -> np.ndarray:
+    if w <= 0 or h <= 0:
+        raise MalformedDataError(f"{where}: image size {w}x{h} is not positive. Expected {HINT}.")
+    return np.clip(boxes.astype(np.float32) / np.array([w, h, w, h], dtype=np.float32), 0.0, 1.0)
+
+
+def read_npz_regions(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(features (N, D) float32, boxes (N, 4) normalised) of one image's ``.npz``."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingDataError(f"region file {path} does not exist. Expected {HINT}.")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in NPZ_KEYS if k not in z]
+            if missing:
+                raise MalformedDataError(f"region file {path} lacks {', '.join(missing)}. Expected {HINT}.")
+            features, boxes = z["features"].astype(np.float32), z["boxes"]
+            h, w = float(z["image_h"]), float(z["image_w"])
+    except (OSError, ValueError) as e:
+        raise MalformedDataError(f"region file {path} is not a readable .npz ({e}). Expected {HINT}.") from e
+    if features.ndim != 2 or boxes.shape != (len(features), 4):
+        raise MalformedDataError(f"region file {path}: features {features.shape} and boxes {boxes.shape} do not pair "
+                                 f"up as (N, D) and (N, 4). Expected {HINT}.")
+    return features, _normalise(boxes, w, h, str(path))
+
+
+def image_keys(image_path: str | Path) -> list[str]:
+    """Names an image's regions may be filed under: its stem, then the number the stem ends with."""
+    stem = Path(image_path).stem
+    digits = re.search(r"(\d+)$", stem)
+    return [stem] + ([str(int(digits.group(1)))] if digits else [])
+
+
+class RegionStore:
+    """Regions of every image of a dataset from a folder of ``.npz`` files or one TSV (see module doc)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._offsets: dict[str, int] | None = None
+        if not self.root.exists():
+            raise MissingDataError(f"region files {self.root} do not exist. Expected {HINT}.")
+        if self.root.is_file():
+            self._index_tsv()
+
+    def _index_tsv(self) -> None:
+        self._offsets = {}
+        with open(self.root, "rb") as f:
+            offset = 0
+            for line in f:
+                key = line.split(b"\t", 1)[0].decode("utf-8", "replace").strip()
+                if key and key != "image_id":
+                    self._offsets[key] = offset
+                offset += len(line)
+
+    def load(self, image_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+        keys = image_keys(image_path)
+        if self._offsets is None:
+            for key in keys:
+                if (self.root / f"{key}.npz").is_file():
+                    return read_npz_regions(self.root / f"{key}.npz")
+            raise MissingDataError(f"no region file for image {image_path} in {self.root} (looked for "
+                                   f"{', '.join(k + '.npz' for k in keys)}). Expected {HINT}.")
+        for key in keys:
+            if key in self._offsets:
+                return self._read_tsv_line(key)
+        raise MissingDataError(f"image {image_path} (ids {', '.join(keys)}) is not in the region TSV {self.root}. "
+                               f"Expected {HINT}.")
+
+    def _read_tsv_line(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        with open(self.root, "rb") as f:
+            f.seek(self._offsets[key])
+            fields = f.readline().decode("utf-8").rstrip("\r\n").split("\t")
+        where = f"{self.root} (image_id {key})"
+        if len(fields) != len(TSV_FIELDS):
+            raise MalformedDataError(f"{where}: {len(fields)} tab-separated fields, expected {len(TSV_FIELDS)} "
+                                     f"({', '.join(TSV_FIELDS)}).")
+        try:
+            w, h, n = float(fields[1]), float(fields[2]), int(fields[3])
+            boxes = np.frombuffer(base64.b64decode(fields[4]), dtype=np.float32).reshape(n, 4)
+            features = np.frombuffer(base64.b64decode(fields[5]), dtype=np.float32).reshape(n, -1)
+        except (ValueError, TypeError) as e:
+            raise MalformedDataError(f"{where}: boxes/features are not base64 float32 of num_boxes rows ({e}). "
+                                     f"Expected {HINT}.") from e
+        return features.copy(), _normalise(boxes, w, h, where)
+

@@ -1,0 +1,273 @@
+"""COMPOSER's DataModule: any caption DataModule's splits, each with its Concept & Relation Graph.
+
+``captions`` (a :class:`data_modules.common.CaptionDataModule`: Flickr30K / Flickr8k / COCO / the
+embedded world) reads the splits and their images; this module parses every split's captions into a
+CRG (cached parses, :func:`grounding.composer.build_concept_graph`), tokenizes templates and primitives
+once, and batches captions as :func:`grounding.composer.batch.composition_batch` structures. Its own
+text_encoder / image_size / mean / std (linked from the network) replace the reader's.
+
+Training items are one image with one of its decomposed captions (seeded per epoch); evaluation gives
+two loaders — the split's images, then its captions in batches — so the model can compose every
+caption with every image (the paper's exhaustive protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+from data_modules.common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    CaptionDataModule,
+    CaptionDataset,
+    EpochSampler,
+    GroundingDataModule,
+    MalformedDataError,
+)
+from data_modules.formats import load_json
+from data_modules.regions import RegionStore
+from grounding.paths import resolve_path
+
+from .batch import TokenTables, composition_batch
+from .build import build_concept_graph
+from .captions import CaptionSet
+from .concept_graph import OK, ConceptGraph
+from .parsing import DEFAULT_BACKEND
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+
+
+def _visual(images: CaptionDataset, regions: RegionStore | None, index: int) -> dict:
+    """Pixels (or cached backbone maps) of an image, or its detector regions from ``regions``."""
+    if regions is None:
+        return {"image": images.load_image(index), "image_index": index}
+    features, boxes = regions.load(images.image_paths[index])
+    return {"region_features": torch.from_numpy(features), "region_boxes": torch.from_numpy(boxes), "image_index": index}
+
+
+class _TrainItems(Dataset):
+    """(image, k-th decomposed caption of it) -> its visual input and graph caption id."""
+
+    def __init__(self, images: CaptionDataset, caption_ids: list[np.ndarray], regions: RegionStore | None = None):
+        self.images, self.caption_ids, self.regions = images, caption_ids, regions
+
+    def __len__(self):
+        return len(self.caption_ids)
+
+    def __getitem__(self, item):
+        index, choice = item if isinstance(item, (tuple, list)) else (item, 0)
+        ids = self.caption_ids[index]
+        return {**_visual(self.images, self.regions, int(index)), "caption": int(ids[choice % len(ids)])}
+
+
+class _Images(Dataset):
+    def __init__(self, images: CaptionDataset, regions: RegionStore | None = None):
+        self.images, self.regions = images, regions
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, index):
+        return _visual(self.images, self.regions, index)
+
+
+def collate_visual(items: list[dict]) -> dict:
+    """Stacked pixels / maps, or detector regions right-padded to the batch's most regions with a mask."""
+    out = {"image_index": torch.tensor([it["image_index"] for it in items])}
+    if "image" in items[0]:
+        out["images"] = torch.stack([it["image"] for it in items])
+        return out
+    feats = pad_sequence([it["region_features"] for it in items], batch_first=True)
+    boxes = pad_sequence([it["region_boxes"] for it in items], batch_first=True)
+    mask = pad_sequence([torch.ones(len(it["region_features"]), dtype=torch.bool) for it in items], batch_first=True)
+    out.update(region_features=feats, region_boxes=boxes, region_mask=mask)
+    return out
+
+
+class _Captions(Dataset):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return index
+
+
+class SplitGraph:
+    """One split's CRG, token tables and per-caption facts (image row, held-out flag)."""
+
+    def __init__(self, graph: ConceptGraph, tables: TokenTables, compositional: np.ndarray):
+        self.graph, self.tables, self.compositional = graph, tables, compositional
+
+    def batch(self, captions, phrase_seed: int | None = None) -> dict:
+        out = composition_batch(self.graph, self.tables, captions, phrase_seed)
+        caps = out["captions"].numpy()
+        out["caption_image_index"] = torch.from_numpy(self.graph.caption_image[caps].astype(np.int64))
+        out["compositional"] = torch.from_numpy(self.compositional[caps])
+        return out
+
+
+class _TrainCollate:
+    def __init__(self, split: SplitGraph):
+        self.split = split
+
+    def __call__(self, items):
+        return {**self.split.batch([it["caption"] for it in items]), **collate_visual(items)}
+
+
+class _CaptionCollate:
+    def __init__(self, split: SplitGraph, phrase_seed: int):
+        self.split, self.phrase_seed = split, phrase_seed
+
+    def __call__(self, captions):
+        return self.split.batch(captions, self.phrase_seed)
+
+
+def held_out_pair_mask(captions: list[str], world_meta: str | Path) -> np.ndarray:
+    """Captions naming one of the embedded world's held-out attribute–object pairs (no training image shows
+    them): the attribute word, then within 3 words the first object word (a name, plural or synonym),
+    which must be the pair's object ("a large white dotted box", not "a white ball next to a box")."""
+    meta = load_json(world_meta, MalformedDataError, hint="regenerate the world with `make world`", dataset="embedded world",
+                     schema="world.json of data_modules.synthetic")
+    forms: dict[str, set[str]] = {}
+    for obj in meta["vocabulary"]["objects"]:
+        forms[obj["name"]] = {obj["name"], obj["plural"]} | {w for s in obj["synonyms"] for w in (s["word"], s.get("plural", s["word"]))}
+    object_of = {w: name for name, words in forms.items() for w in words for w in [w.split()[-1]]}
+    pairs = {(a, o) for a, o in meta["held_out_pairs"]}
+    attributes = {a for a, _ in pairs}
+    out = np.zeros(len(captions), dtype=bool)
+    for j, text in enumerate(captions):
+        words = re.findall(r"[a-z]+", text.lower())
+        for i, w in enumerate(words):
+            if w in attributes:
+                following = [object_of[x] for x in words[i + 1:i + 4] if x in object_of]
+                if following and (w, following[0]) in pairs:
+                    out[j] = True
+    return out
+
+
+class ComposerDataModule(GroundingDataModule):
+    """Caption splits with their Concept & Relation Graphs, batched for COMPOSER.
+
+    ``backend``/``parse_workers``: the constituency parser (``python -m grounding.composer check-parser``).
+    ``degrade``: Table 7's parse degradation, applied to every split's trees (seeded by ``seed``).
+    ``world_meta``: the embedded world's ``world.json``; its held-out attribute–object pairs mark the
+    compositional test captions. ``phrase_seed``: draws Table 5's phrase queries. ``region_files``: a
+    folder of per-image ``.npz`` or a bottom-up-attention ``.tsv`` of detector regions (the network's
+    ``region_source: files``; see :mod:`data_modules.regions`); without it batches carry images.
+    """
+
+    def __init__(self, captions: CaptionDataModule, backend: str = DEFAULT_BACKEND, parse_workers: int = 1,
+                 degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int = 0, region_files: str | None = None,
+                 text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
+                 eval_batch_size: int | None = None, caption_batch_size: int = 64, num_workers: int = 0,
+                 image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
+                 std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
+                 drop_last: bool = True):
+        super().__init__(captions.root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
+                         resize_size, mean, std, seed, pin_memory, drop_last)
+        self.captions = captions
+        self.backend, self.parse_workers, self.degrade = backend, parse_workers, degrade
+        self.world_meta, self.phrase_seed = world_meta, phrase_seed
+        self.caption_batch_size = caption_batch_size
+        self.region_files = region_files
+        self.regions: RegionStore | None = None
+        self.graphs: dict[str, SplitGraph] = {}
+
+    # ---------------------------------------------------------------- building
+    def _build_datasets(self) -> dict[str, Dataset]:
+        self.captions.setup()
+        datasets = dict(self.captions.datasets)
+        transform = self.transform
+        for ds in datasets.values():  # this module's (linked) image settings, not the reader's
+            ds.transform = transform
+        if self.region_files:
+            self.regions = RegionStore(resolve_path(self.region_files))
+        for split in SPLITS:
+            self.graphs[split] = self._split_graph(split, datasets[split])
+        return datasets
+
+    def image_datasets(self) -> list[Dataset]:
+        """Datasets whose pixels the feature cache may replace (none when regions come from files)."""
+        return [] if self.region_files else super().image_datasets()
+
+    def _split_graph(self, split: str, images: CaptionDataset) -> SplitGraph:
+        texts = [c for caps in images.captions for c in caps]
+        caption_image = images.caption_image_index.numpy()
+        names = [p.name for p in images.image_paths]
+        source = f"{type(self.captions).__name__}:{self.captions.root}:{split}"
+        graph, report = build_concept_graph(CaptionSet(names, texts, caption_image, source=source), backend=self.backend,
+                                            workers=self.parse_workers, degrade_prob=self.degrade, seed=self.seed)
+        failed = int((graph.caption_status != OK).sum())
+        log.info("CRG %s: %d captions, %d concepts, %d predicates, %d without a decomposition", split, len(texts),
+                 graph.n_concepts, graph.n_predicates, failed)
+        compositional = (held_out_pair_mask(texts, resolve_path(self.world_meta)) if self.world_meta
+                         else np.zeros(len(texts), dtype=bool))
+        return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts), compositional)
+
+    @property
+    def placeholder_base(self) -> int:
+        """First placeholder word-piece id (the text encoder's vocabulary size): checked against the network."""
+        return len(self.tokenizer)
+
+    # ---------------------------------------------------------------- loaders
+    def _train_items(self) -> _TrainItems:
+        images, graph = self.train_dataset, self.graphs["train"].graph
+        ok = np.flatnonzero(graph.caption_status == OK)
+        per_image = np.split(ok, np.searchsorted(graph.caption_image[ok], np.arange(1, len(images))))
+        keep = [i for i, ids in enumerate(per_image) if len(ids)]
+        if not keep:
+            raise MalformedDataError(f"{self.captions.root}: no training caption could be decomposed into a CRG; "
+                                     "check the parser with `python -m grounding.composer check-parser`.")
+        return _TrainItems(images, per_image, self.regions), keep
+
+    def train_dataloader(self) -> DataLoader:
+        items, keep = self._train_items()
+        counts = [len(c) for c in items.caption_ids]
+        sampler = _KeepSampler(EpochSampler(len(items), shuffle=True, seed=self.seed, num_choices=[max(c, 1) for c in counts]),
+                               set(keep))
+        return DataLoader(items, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
+                          collate_fn=_TrainCollate(self.graphs["train"]), drop_last=self.drop_last)
+
+    def _eval_loaders(self, split: str) -> list[DataLoader]:
+        images = self._dataset(split)
+        common = dict(num_workers=self.num_workers, persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)
+        return [DataLoader(_Images(images, self.regions), batch_size=self.eval_batch_size, collate_fn=collate_visual, **common),
+                DataLoader(_Captions(self.graphs[split].graph.n_captions), batch_size=self.caption_batch_size,
+                           collate_fn=_CaptionCollate(self.graphs[split], self.phrase_seed), **common)]
+
+    def val_dataloader(self):
+        return self._eval_loaders("val")
+
+    def test_dataloader(self):
+        return self._eval_loaders("test")
+
+    def predict_dataloader(self):
+        return self._eval_loaders("test")
+
+
+class _KeepSampler(torch.utils.data.Sampler):
+    """An :class:`EpochSampler` skipping images without a decomposed caption (set_epoch passes through)."""
+
+    def __init__(self, inner: EpochSampler, keep: set[int]):
+        self.inner, self.keep = inner, keep
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.keep)
+
+    def __iter__(self):
+        return (item for item in self.inner if item[0] in self.keep)

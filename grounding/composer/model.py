@@ -1,0 +1,346 @@
+"""COMPOSER's network (Hu et al., EMNLP 2021, §3.1–3.3 and App. C): primitive encoder, Predicate
+Transformer, modulator, Composition Transformer and the alignment regressor θ, composing every concept
+of a caption bottom-up for every (image, caption) pair, one batched call per tree height.
+
+Shapes: P pairs, N regions, d the text width, L template length. A pair's concept vectors live in one
+flat table, rows ``pair_node_ptr[p] + local node`` (node order of :mod:`grounding.composer.batch`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import roi_align
+
+from grounding.encoders import load_text_encoder, load_visual_backbone
+from grounding.nets import RecordedNet
+
+from .batch import PLACEHOLDER_TYPES
+
+MODULATORS = ("film", "replace", "mlp")
+REGION_SOURCES = ("grid", "files", "boxes")
+
+
+# ------------------------------------------------------------------------------------------ regions
+def grid_regions(maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backbone maps (B,C,h,w) as regions: features (B,h·w,C), cell boxes (B,h·w,4) in [0,1], mask."""
+    b, c, h, w = maps.shape
+    ys, xs = torch.meshgrid(torch.arange(h, device=maps.device), torch.arange(w, device=maps.device), indexing="ij")
+    boxes = torch.stack([xs / w, ys / h, (xs + 1) / w, (ys + 1) / h], -1).reshape(1, h * w, 4).expand(b, -1, -1)
+    features = maps.flatten(2).transpose(1, 2)
+    return features, boxes.to(maps.dtype), torch.ones(b, h * w, dtype=torch.bool, device=maps.device)
+
+
+class RegionEmbedding(nn.Module):
+    """ViLBERT's image embedding: a region feature and its 5-d location (x1/W, y1/H, x2/W, y2/H, area)."""
+
+    def __init__(self, feature_dim: int, dim: int, dropout: float = 0.1):
+        super().__init__()
+        self.feature = nn.Linear(feature_dim, dim)
+        self.location = nn.Linear(5, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+        location = torch.cat([boxes, area.unsqueeze(-1)], -1)
+        return self.dropout(self.norm(self.feature(features) + self.location(location)))
+
+
+# ------------------------------------------------------------------------------------------ blocks
+class AttentionBlock(nn.Module):
+    """A post-LN transformer layer whose queries attend to a (possibly other) sequence: self-attention
+    (keys = queries), the primitive encoder's CrossAtt, or one direction of ViLBERT co-attention
+    (``inner_dim``/``heads`` of the co-attention, keys from the other stream)."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float = 0.1, kv_dim: int | None = None,
+                 inner_dim: int | None = None, norm_first: bool = False):
+        super().__init__()
+        self.norm_first = norm_first
+        inner = inner_dim or dim
+        if inner % heads:
+            raise ValueError(f"attention width {inner} is not divisible by {heads} heads")
+        self.heads = heads
+        self.query = nn.Linear(dim, inner)
+        self.key = nn.Linear(kv_dim or dim, inner)
+        self.value = nn.Linear(kv_dim or dim, inner)
+        self.out = nn.Linear(inner, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(), nn.Linear(ffn_dim, dim))
+        self.norm2 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def _split(self, x):
+        return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """``x`` (R,Lq,dim) attends to ``context`` (R,Lk,kv_dim; default x) where ``context_mask`` (R,Lk) is True."""
+        self_attention = context is None
+        context = x if context is None else context
+        mask = None if context_mask is None else context_mask[:, None, None, :]
+        if self.norm_first:  # pre-LN: normalise the queries (and self-attention's keys) before attending
+            q_in = self.norm1(x)
+            context = q_in if self_attention else context
+        else:
+            q_in = x
+        a = F.scaled_dot_product_attention(self._split(self.query(q_in)), self._split(self.key(context)),
+                                           self._split(self.value(context)), attn_mask=mask,
+                                           dropout_p=self.dropout.p if self.training else 0.0)
+        h = x + self.dropout(self.out(a.transpose(1, 2).flatten(2)))
+        if self.norm_first:
+            return h + self.dropout(self.ffn(self.norm2(h)))
+        h = self.norm1(h)
+        return self.norm2(h + self.dropout(self.ffn(h)))
+
+
+class PrimitiveEncoder(nn.Module):
+    """§3.1 / App. C: one CrossAtt layer; queries = the primitive's word pieces, keys/values = those word
+    pieces and the regions; û = mean over word pieces. Without cross-attention (Table 3) the keys are
+    the word pieces alone."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float = 0.1, cross_attention: bool = True,
+                 norm_first: bool = False):
+        super().__init__()
+        self.cross_attention = cross_attention
+        self.layer = AttentionBlock(dim, heads, ffn_dim, dropout, norm_first=norm_first)
+
+    def forward(self, words, word_mask, regions=None, region_mask=None) -> torch.Tensor:
+        if self.cross_attention:
+            context, mask = torch.cat([words, regions], 1), torch.cat([word_mask, region_mask], 1)
+        else:
+            context, mask = words, word_mask
+        h = self.layer(words, context, mask)
+        m = word_mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+class Modulator(nn.Module):
+    """§3.2 / App. C: binds argument concept c_k to its placeholder's PT output ê_k.
+    ``film``: a = MLP_a(ê), b = MLP_b(ê), MLP_proj(a ⊙ c + b); ``replace``: c; ``mlp``: MLP([ê; c]) (Table 4)."""
+
+    def __init__(self, dim: int, hidden: int, kind: str = "film"):
+        super().__init__()
+        if kind not in MODULATORS:
+            raise ValueError(f"modulator must be one of {MODULATORS}; got {kind!r}")
+        self.kind = kind
+
+        def mlp(inp):
+            return nn.Sequential(nn.Linear(inp, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+        if kind == "film":
+            self.scale, self.shift, self.proj = mlp(dim), mlp(dim), mlp(dim)
+        elif kind == "mlp":
+            self.proj = mlp(2 * dim)
+
+    def forward(self, placeholder: torch.Tensor, concept: torch.Tensor) -> torch.Tensor:
+        if self.kind == "film":
+            return self.proj(self.scale(placeholder) * concept + self.shift(placeholder))
+        if self.kind == "mlp":
+            return self.proj(torch.cat([placeholder, concept], -1))
+        return concept
+
+
+class CompositionTransformer(nn.Module):
+    """App. C, Fig. 6 (ViLBERT-style): ``layers`` = 2k+1 — k times (self-attention in both streams, then
+    co-attention in both directions), ending with a text self-attention layer; the output at [CLS] is
+    the parent concept."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, layers: int = 5, co_dim: int = 1024, co_heads: int = 8,
+                 dropout: float = 0.1, norm_first: bool = False):
+        super().__init__()
+        if layers < 1 or layers % 2 == 0:
+            raise ValueError(f"ct_layers must be odd (self/co-attention pairs plus a final text layer); got {layers}")
+        k = layers // 2
+
+        def block(**kw):
+            return AttentionBlock(dim, kw.pop("heads", heads), ffn_dim, dropout, norm_first=norm_first, **kw)
+
+        self.text_self = nn.ModuleList(block() for _ in range(k + 1))
+        self.image_self = nn.ModuleList(block() for _ in range(k))
+        self.text_from_image = nn.ModuleList(block(heads=co_heads, inner_dim=co_dim) for _ in range(k))
+        self.image_from_text = nn.ModuleList(block(heads=co_heads, inner_dim=co_dim) for _ in range(k))
+
+    def forward(self, text, text_mask, image, image_mask) -> torch.Tensor:
+        for ts, vs, tv, vt in zip(self.text_self, self.image_self, self.text_from_image, self.image_from_text):
+            text, image = ts(text, None, text_mask), vs(image, None, image_mask)
+            text, image = tv(text, image, image_mask), vt(image, text, text_mask)
+        return self.text_self[-1](text, None, text_mask)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------ the network
+class Composer(RecordedNet):
+    """COMPOSER: v(x, y) composed recursively over y's Concept & Relation Graph, s(x, c) = θᵀ v(x, c).
+
+    ``text_encoder``: the PT is its first ``pt_layers`` layers (paper: 6 of bert-base-uncased) and its
+    embeddings give the primitives' word pieces. ``heads``/``ffn_dim``: self-attention (paper 12 heads at
+    768); ``co_dim``/``co_heads``: the Composition Transformer's co-attention (paper 1024, 8 heads).
+    ``norm_first``: pre-LN layers (paper: post-LN, as BERT/ViLBERT); ``dim``: a composition width below
+    the text width (paper: null).
+    ``region_source``: ``grid`` (the frozen ``backbone``'s
+    map, one region per cell; the offline default), ``files`` (detector features of ``region_dim``
+    read by the DataModule) or ``boxes`` (RoI-aligned backbone features over given boxes).
+    """
+
+    def __init__(self, text_encoder: str = "minilm", pt_layers: int = 6, region_source: str = "grid",
+                 backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
+                 image_size: int = 224, primitive_cross_attention: bool = True, modulator: str = "film",
+                 modulator_hidden: int | None = None, ct_layers: int = 5, heads: int = 12, co_dim: int = 1024,
+                 co_heads: int = 8, ffn_dim: int | None = None, dim: int | None = None, norm_first: bool = False,
+                 dropout: float = 0.1):
+        super().__init__()
+        if region_source not in REGION_SOURCES:
+            raise ValueError(f"region_source must be one of {REGION_SOURCES}; got {region_source!r}")
+        self.region_source = region_source
+        self.image_size = image_size
+        bert = load_text_encoder(text_encoder, num_hidden_layers=pt_layers)
+        self.placeholder_base = bert.config.vocab_size
+        bert.resize_token_embeddings(bert.config.vocab_size + len(PLACEHOLDER_TYPES))
+        self.predicate_transformer = bert
+        width = bert.config.hidden_size
+        # The paper composes at the text width (768); ``dim`` projects the PT's outputs and the word pieces to
+        # a narrower composition width (a CPU-scale switch of the tiny configs).
+        dim = dim or width
+        self.text_proj = nn.Identity() if dim == width else nn.Linear(width, dim)
+        ffn_dim = ffn_dim or (bert.config.intermediate_size if dim == width else 4 * dim)
+        self.dim = dim
+        self.backbone = None
+        if region_source != "files":
+            self.backbone = load_visual_backbone(backbone, backbone_weights, freeze=True)
+            region_dim = self.backbone.out_channels
+        if region_dim is None:
+            raise ValueError("region_source 'files' needs region_dim (the detector feature width, 2048 for Bottom-Up Attention)")
+        self.regions = RegionEmbedding(region_dim, dim, dropout)
+        self.primitive_encoder = PrimitiveEncoder(dim, heads, ffn_dim, dropout, primitive_cross_attention, norm_first)
+        self.modulator = Modulator(dim, modulator_hidden or dim, modulator)
+        self.composition = CompositionTransformer(dim, heads, ffn_dim, ct_layers, co_dim, co_heads, dropout, norm_first)
+        self.theta = nn.Linear(dim, 1)
+
+    # -------------------------------------------------------------------- inputs
+    def embed_regions(self, images: torch.Tensor | None = None, features: torch.Tensor | None = None,
+                      boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        """Region tokens (B,N,d) and mask (B,N): from pixels or cached backbone maps (``grid``), or from
+        region ``features``/``boxes``/``mask`` (``files``; ``boxes``: RoI-aligned from ``images``)."""
+        dtype = self.regions.feature.weight.dtype  # cached maps are stored in float16
+        if self.region_source == "grid":
+            maps = (images if images.shape[1] != 3 else self.backbone(images)).to(dtype)
+            features, boxes, mask = grid_regions(maps)
+        elif self.region_source == "boxes":
+            maps = (images if images.shape[1] != 3 else self.backbone(images)).to(dtype)
+            b, n = boxes.shape[:2]
+            scale = torch.tensor([maps.shape[3], maps.shape[2]] * 2, dtype=maps.dtype, device=maps.device)
+            rois = torch.cat([torch.arange(b, device=maps.device).repeat_interleave(n)[:, None].to(maps.dtype),
+                              (boxes.reshape(-1, 4) * scale)], 1)
+            features = roi_align(maps, rois, output_size=1, aligned=True).reshape(b, n, -1)
+        return self.regions(features.to(dtype), boxes.to(dtype)), mask
+
+    def word_pieces(self, ids: torch.Tensor) -> torch.Tensor:
+        """The text encoder's word-piece embeddings (word + position + LayerNorm): the primitives' queries."""
+        return self.text_proj(self.predicate_transformer.embeddings(input_ids=ids))
+
+    def encode_predicates(self, template_ids: torch.Tensor, template_mask: torch.Tensor) -> torch.Tensor:
+        """ê for every template of the batch (image-independent: once per predicate, reused by every pair)."""
+        out = self.predicate_transformer(input_ids=template_ids, attention_mask=template_mask.long()).last_hidden_state
+        return self.text_proj(out)
+
+    def score(self, v: torch.Tensor) -> torch.Tensor:
+        """s(x, c) = θᵀ v(x, c) (§3.3), for any concept vectors."""
+        return self.theta(v).squeeze(-1)
+
+    # -------------------------------------------------------------------- recursion
+    def compose(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, pair_image: torch.Tensor,
+                pair_caption: torch.Tensor, max_height: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concept vectors of every node of caption ``pair_caption[p]`` grounded in image ``pair_image[p]``
+        (up to ``max_height``: 0 = primitives only, the rerank first stage).
+
+        Returns (table (rows, d), pair_node_ptr (P+1,)). One primitive-encoder call, one PT call, then per
+        height one modulator and one Composition Transformer call over all (pair, application) of that height.
+        """
+        dev = regions.device
+        node_ptr = batch["caption_node_ptr"].to(dev)
+        n_node = node_ptr[1:] - node_ptr[:-1]
+        pair_ptr = F.pad(torch.cumsum(n_node[pair_caption], 0), (1, 0))
+        table = regions.new_zeros(int(pair_ptr[-1]), self.dim)
+
+        # primitives: every (pair, primitive node of its caption), each distinct (image, primitive) once
+        prim_caption, prim_local = batch["prim_caption"].to(dev), batch["prim_local"].to(dev)
+        n_prim = torch.bincount(prim_caption, minlength=len(n_node))
+        prim_start = F.pad(torch.cumsum(n_prim, 0), (1, 0))[:-1]
+        pair, k = expand_counts(n_prim[pair_caption])
+        prim = prim_start[pair_caption[pair]] + k
+        unique = batch["prim_unique"].to(dev)[prim]
+        key = pair_image[pair] * batch["primitive_ids"].shape[0] + unique
+        keys, inverse = torch.unique(key, return_inverse=True)
+        img, uniq = keys // batch["primitive_ids"].shape[0], keys % batch["primitive_ids"].shape[0]
+        ids, mask = batch["primitive_ids"].to(dev)[uniq], batch["primitive_mask"].to(dev)[uniq]
+        u_hat = self.primitive_encoder(self.word_pieces(ids), mask, regions[img], region_mask[img])
+        table = table.index_put((pair_ptr[pair] + prim_local[prim],), u_hat[inverse])
+
+        # applications, bottom-up
+        if batch["app_caption"].numel() == 0 or max_height == 0:
+            return table, pair_ptr
+        e_hat = self.encode_predicates(batch["template_ids"].to(dev), batch["template_mask"].to(dev))
+        template_mask, placeholder_pos = batch["template_mask"].to(dev), batch["placeholder_pos"].to(dev)
+        app_caption, app_height = batch["app_caption"].to(dev), batch["app_height"].to(dev)
+        app_local, app_pred, app_args = batch["app_local"].to(dev), batch["app_pred"].to(dev), batch["app_args"].to(dev)
+        for h in torch.unique(app_height).tolist():
+            if max_height is not None and h > max_height:
+                break
+            apps = torch.nonzero(app_height == h).squeeze(1)  # caption order
+            n_h = torch.bincount(app_caption[apps], minlength=len(n_node))
+            start = F.pad(torch.cumsum(n_h, 0), (1, 0))[:-1]
+            pair, k = expand_counts(n_h[pair_caption])
+            app = apps[start[pair_caption[pair]] + k]
+            pred = app_pred[app]
+            text = e_hat[pred]
+            # bind each argument's concept (a lower height: already in the table) to its placeholder
+            row, slot = torch.nonzero(app_args[app] >= 0, as_tuple=True)
+            pos = placeholder_pos[pred[row], slot]
+            child = table[pair_ptr[pair[row]] + app_args[app[row], slot]]
+            text = text.index_put((row, pos), self.modulator(text[row, pos], child))
+            img = pair_image[pair]
+            v = self.composition(text, template_mask[pred], regions[img], region_mask[img])
+            table = table.index_put((pair_ptr[pair] + app_local[app],), v)
+        return table, pair_ptr
+
+    def forward(self, batch: dict, regions, region_mask, pair_image, pair_caption) -> torch.Tensor:
+        """s(x, y) of each pair: the score of its caption's root concept."""
+        table, pair_ptr = self.compose(batch, regions, region_mask, pair_image, pair_caption)
+        root = pair_ptr[:-1] + batch["caption_root"].to(regions.device)[pair_caption]
+        return self.score(table[root])
+
+
+def expand_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner, index within owner) for ``counts[i]`` items of every owner i, owners in order."""
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+    start = F.pad(torch.cumsum(counts, 0), (1, 0))[:-1]
+    return owner, torch.arange(len(owner), device=counts.device) - start[owner]
+
+
+def compose_node_by_node(net: Composer, batch: dict, regions, region_mask, pair_image, pair_caption) -> torch.Tensor:
+    """The recursion as the paper states it, one (pair, node) at a time: the reference the level-batched
+    :meth:`Composer.compose` is tested and benchmarked against. Returns the same flat table."""
+    node_ptr = batch["caption_node_ptr"]
+    n_node = node_ptr[1:] - node_ptr[:-1]
+    pair_ptr = F.pad(torch.cumsum(n_node[pair_caption], 0), (1, 0))
+    table = [None] * int(pair_ptr[-1])
+    e_hat = (net.encode_predicates(batch["template_ids"], batch["template_mask"])
+             if batch["app_caption"].numel() else None)
+    for p in range(len(pair_caption)):
+        c, i = int(pair_caption[p]), int(pair_image[p])
+        reg, rmask = regions[i:i + 1], region_mask[i:i + 1]
+        for q in torch.nonzero(batch["prim_caption"] == c).squeeze(1).tolist():
+            u = int(batch["prim_unique"][q])
+            ids, mask = batch["primitive_ids"][u:u + 1], batch["primitive_mask"][u:u + 1]
+            table[int(pair_ptr[p]) + int(batch["prim_local"][q])] = net.primitive_encoder(net.word_pieces(ids), mask, reg, rmask)[0]
+        for a in torch.nonzero(batch["app_caption"] == c).squeeze(1).tolist():  # height order
+            pred = int(batch["app_pred"][a])
+            text = e_hat[pred].clone()
+            for slot, arg in enumerate(batch["app_args"][a].tolist()):
+                if arg >= 0:
+                    pos = int(batch["placeholder_pos"][pred, slot])
+                    text[pos] = net.modulator(text[pos], table[int(pair_ptr[p]) + arg])
+            v = net.composition(text[None], batch["template_mask"][pred:pred + 1], reg, rmask)[0]
+            table[int(pair_ptr[p]) + int(batch["app_local"][a])] = v
+    return torch.stack(table)

@@ -1,0 +1,206 @@
+"""The "Composer CRG training" stage: ℓ_match + λ₁ ℓ_MVSA + λ₂ ℓ_order over the batch's captions
+(§3.3), evaluated by exhaustive (or reranked) composition of every caption with every image.
+
+Negatives of each positive (x_i, y_i), as in ViLBERT's retrieval fine-tuning: (x_i, a random other
+caption), (a random other image, y_i), and (x_i, the caption of the batch image most similar to x_i by
+mean region feature: ``hard_negatives: batch``) — the paper draws the hard one from x_i's 100 nearest
+images of the whole training set; an in-batch choice is this stage's documented approximation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grounding import distributed as gdist
+from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
+
+from .evaluation import composer_metrics, phrase_hits, score_captions
+from .losses import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
+from .model import Composer, expand_counts
+
+HARD_NEGATIVES = ("batch", "random")
+
+
+class ComposerTraining(GroundingModule):
+    """COMPOSER on a :class:`grounding.composer.data.ComposerDataModule`.
+
+    ``mvsa_loss``: ``hinge`` (paper, margin ``mvsa_margin`` α = 0.8) | ``nll`` | null (off; Table 5).
+    ``mvsa_weight`` / ``order_weight``: λ₁, λ₂ (paper 1, 1; 0 turns a term off), ``order_margin`` β = 0.2.
+    ``concept_reduction``: ``sum`` over a caption's concepts and edges (paper) or ``mean`` (see losses).
+    ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
+    """
+
+    monitor = "val/rsum"
+    monitor_mode = "max"
+
+    def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
+                 order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
+                 hard_negatives: str = "batch",
+                 rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
+                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
+                 lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler)
+        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
+            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
+        if hard_negatives not in HARD_NEGATIVES:
+            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVES}; got {hard_negatives!r}")
+        # Evaluation knobs stay out of the checkpoint: LightningCLI re-applies a checkpoint's hyperparameters
+        # over the command line, and `test --ckpt_path ... --model.init_args.rerank_top_k K` must take effect.
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "eval_image_chunk"])
+        self.net = self.adopt_net(net)
+        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
+        self.order_margin, self.order_weight = order_margin, order_weight
+        self.concept_reduction = concept_reduction
+        self.hard_negatives = hard_negatives
+        self.rerank_top_k, self.eval_image_chunk = rerank_top_k, eval_image_chunk
+        # detector regions from files have no frozen CNN to cache
+        self.feature_cache = feature_cache and self.net.backbone is not None
+        self.feature_cache_dir = feature_cache_dir
+        self._eval: dict[str, dict[str, list]] = {}
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        base = getattr(dm, "placeholder_base", None)
+        if base is not None and base != self.net.placeholder_base:
+            raise ValueError(f"the DataModule's tokenizer has {base} word pieces but the network's text encoder "
+                             f"{self.net.placeholder_base}: give both the same text_encoder")
+
+    def frozen_backbone(self):
+        return self.net.backbone
+
+    def regions(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Region tokens of a batch's images (pixels / cached maps) or of its detector regions."""
+        if "region_features" in batch:
+            return self.net.embed_regions(features=batch["region_features"], boxes=batch["region_boxes"],
+                                          mask=batch["region_mask"])
+        return self.net.embed_regions(batch["images"])
+
+    # ---------------------------------------------------------------- training
+    def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(random caption, random image, hard caption) batch rows for every positive row."""
+        b = len(regions)
+        if b < 3:
+            raise ValueError(f"COMPOSER's 4-way loss needs at least 3 pairs a batch; got {b} (raise batch_size)")
+        rows = torch.arange(b, device=regions.device)
+        random_caption = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
+        random_image = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
+        if self.hard_negatives == "batch":
+            with torch.no_grad():
+                m = region_mask.unsqueeze(-1).to(regions.dtype)
+                pooled = F.normalize((regions * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
+                sim = pooled @ pooled.T
+                sim.fill_diagonal_(float("-inf"))
+                sim[rows, random_caption] = float("-inf")  # a different negative from the random one
+                hard = sim.argmax(1)
+        else:
+            hard = (random_caption + torch.randint(1, b - 1, (b,), device=rows.device)) % b
+            hard = torch.where(hard == rows, (hard + 1) % b, hard)
+        return random_caption, random_image, hard
+
+    def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        regions, region_mask = self.regions(batch)
+        b = len(regions)
+        rows = torch.arange(b, device=regions.device)
+        random_caption, random_image, hard = self.negatives(regions, region_mask)
+        pair_image = torch.cat([rows, rows, random_image, rows])
+        pair_caption = torch.cat([rows, random_caption, rows, hard])
+        table, ptr = self.net.compose(batch, regions, region_mask, pair_image, pair_caption)
+        s = self.net.score(table)
+        root = batch["caption_root"]
+        scores = s[ptr[:-1] + root[pair_caption]].view(4, b).T  # (B, 4): positive, then the 3 negatives
+        losses = {"match": match_nll(scores)}
+        loss = losses["match"]
+        node_ptr, node_height = batch["caption_node_ptr"], batch["node_height"]
+        owner, k = expand_counts((node_ptr[1:] - node_ptr[:-1])[:b])
+        if self.mvsa_loss is not None and self.mvsa_weight:
+            # every non-sentence concept of y_i: against c⁻ of the random caption (pair b+i) and against x⁻ (pair 2b+i)
+            keep = k != root[owner]
+            owner_c, k_c = owner[keep], k[keep]
+            partner = same_height_partners(node_ptr, node_height, random_caption)[node_ptr[owner_c] + k_c]
+            losses["mvsa"] = mvsa_loss(s[ptr[owner_c] + k_c], s[ptr[b + owner_c] + partner], s[ptr[2 * b + owner_c] + k_c],
+                                       owner_c, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
+            loss = loss + self.mvsa_weight * losses["mvsa"]
+        if self.order_weight:
+            row, slot = torch.nonzero(batch["app_args"] >= 0, as_tuple=True)
+            cap = batch["app_caption"][row]
+            parent = s[ptr[cap] + batch["app_local"][row]]
+            child = s[ptr[cap] + batch["app_args"][row, slot]]
+            losses["order"] = order_loss(parent, child, cap, b, self.order_margin, self.concept_reduction)
+            loss = loss + self.order_weight * losses["order"]
+        losses["loss"] = loss
+        losses["accuracy"] = (scores.argmax(1) == 0).float().mean()
+        return losses
+
+    def training_step(self, batch, batch_idx):
+        losses = self.compute_losses(batch)
+        b = len(batch["image_index"])
+        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=b)
+        for name in ("match", "mvsa", "order", "accuracy"):
+            if name in losses:
+                self.log(f"train/{name}", losses[name], batch_size=b)
+        return losses["loss"]
+
+    # ---------------------------------------------------------------- evaluation
+    def _eval_step(self, batch, dataloader_idx: int, split: str):
+        store = self._eval.setdefault(split, {"regions": [], "mask": [], "image_index": [], "captions": []})
+        if dataloader_idx == 0:  # the split's images: region tokens
+            regions, mask = self.regions(batch)
+            store["regions"].append(regions.detach())
+            store["mask"].append(mask)
+            store["image_index"].append(batch["image_index"])
+        else:  # caption batches, composed with every image at the epoch's end
+            store["captions"].append({k: v.cpu() for k, v in batch.items()})
+
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx, "val")
+
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx, "test")
+
+    def on_validation_epoch_end(self):
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self):
+        self._eval_epoch_end("test")
+
+    def _eval_epoch_end(self, split: str):
+        store = self._eval.pop(split, None)
+        if not store or not store["regions"] or not store["captions"]:
+            return
+        regions, mask = torch.cat(store["regions"]), torch.cat(store["mask"])
+        image_index = torch.cat(store["image_index"])
+        # captions are sharded over ranks, images gathered: each rank scores its captions against all images
+        regions, mask, image_index = (gdist.gather_no_grad(t) for t in (regions, mask, image_index))
+        image_index, first = _unique_first(image_index)
+        regions, mask = regions[first], mask[first]
+        sentence, caption_ids, caption_image, compositional = [], [], [], []
+        hit_batches = []
+        for batch in store["captions"]:
+            s, p = score_captions(self.net, batch, regions, mask, self.eval_image_chunk, self.rerank_top_k)
+            sentence.append(s.T)
+            caption_ids.append(batch["captions"].to(s.device))
+            caption_image.append(batch["caption_image_index"].to(s.device))
+            compositional.append(batch["compositional"].to(s.device))
+            if "phrase_node" in batch:
+                top = image_index[p.argmax(0)].cpu() if p.shape[1] else torch.zeros(0, dtype=torch.long)
+                hit_batches.append(phrase_hits(top, batch["phrase_denotation_ptr"], batch["phrase_denotation"]))
+        sentence = gdist.gather_no_grad(torch.cat(sentence))  # (C, I)
+        caption_ids = gdist.gather_no_grad(torch.cat(caption_ids))
+        caption_image = gdist.gather_no_grad(torch.cat(caption_image))
+        compositional = gdist.gather_no_grad(torch.cat(compositional))
+        hits = gdist.gather_no_grad(torch.cat(hit_batches).to(sentence.device).float()) if hit_batches else None
+        caption_ids, keep = _unique_first(caption_ids)
+        rows = torch.searchsorted(image_index, caption_image[keep])
+        metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
+                                   phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
+        for key, value in metrics.items():
+            self.log(f"{split}/{key}", value, prog_bar=key == "rsum", rank_zero_only=False, sync_dist=False)
+
+
+def _unique_first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted unique ids and the first position of each (drops the distributed sampler's repeats)."""
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((len(uniq),), len(ids), dtype=torch.long, device=ids.device).scatter_reduce(
+        0, inverse, torch.arange(len(ids), device=ids.device), "amin")
+    return uniq, first
