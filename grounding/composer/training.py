@@ -191,7 +191,9 @@ class ComposerTraining(GroundingModule):
         compositional = gdist.gather_no_grad(torch.cat(compositional))
         hits = gdist.gather_no_grad(torch.cat(hit_batches).to(sentence.device).float()) if hit_batches else None
         caption_ids, keep = _unique_first(caption_ids)
-        rows = torch.searchsorted(image_index, caption_image[keep])
+        # with limit_*_batches only some images were embedded: score the captions of those images
+        keep = keep[torch.isin(caption_image[keep], image_index.to(caption_image.device))]
+        rows = torch.searchsorted(image_index.to(caption_image.device), caption_image[keep])
         metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
                                    phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
         for key, value in metrics.items():
