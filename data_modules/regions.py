@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import MalformedDataError, MissingDataError
+from .formats import load_json
 
 TSV_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
 NPZ_KEYS = ("features", "boxes", "image_h", "image_w")
@@ -114,3 +115,55 @@ class RegionStore:
                                      f"Expected {HINT}.") from e
         return features.copy(), _normalise(boxes, w, h, where)
 
+
+
+BOX_HINT = ("object boxes: Visual Genome's objects.json (a list of {image_id, objects: [{x, y, w, h, ...}]}, pixels) "
+            "with image_data.json (a list of {image_id, width, height}) in the same folder, as VG v1.4 and the "
+            "embedded world (`make world`: data/world/visual_genome/) ship them")
+
+
+class BoxStore:
+    """Object boxes of every image from Visual Genome's ``objects.json`` (+ ``image_data.json`` for the image
+    sizes), for COMPOSER's ``region_source: boxes`` (RoI-aligned backbone features over these boxes).
+
+    An image is found as :class:`RegionStore` finds it (file stem, or the number the stem ends with = VG's
+    ``image_id``). Boxes come back normalised to [0, 1], at most ``max_boxes`` in file order (paper: up to
+    100 regions); an image without objects gets the whole-image box, so every image has a region.
+    """
+
+    def __init__(self, objects_path: str | Path, max_boxes: int = 100):
+        self.path = Path(objects_path)
+        if not self.path.is_file():
+            raise MissingDataError(f"object boxes {self.path} do not exist. Expected {BOX_HINT}.")
+        if max_boxes < 1:
+            raise ValueError(f"max_boxes must be at least 1; got {max_boxes}")
+        sizes_path = self.path.with_name("image_data.json")
+        if not sizes_path.is_file():
+            raise MissingDataError(f"{sizes_path} (image sizes for {self.path.name}) does not exist. Expected {BOX_HINT}.")
+        try:
+            sizes = {int(e["image_id"]): (float(e["width"]), float(e["height"]))
+                     for e in load_json(sizes_path, MalformedDataError, BOX_HINT, "Visual Genome", "image_data.json")}
+        except (KeyError, TypeError, ValueError) as e:
+            raise MalformedDataError(f"{sizes_path}: an entry lacks image_id/width/height ({e!r}). Expected {BOX_HINT}.") from e
+        self.boxes: dict[str, np.ndarray] = {}
+        for entry in load_json(self.path, MalformedDataError, BOX_HINT, "Visual Genome", "objects.json"):
+            try:
+                image_id = int(entry["image_id"])
+                xywh = np.array([[o["x"], o["y"], o["w"], o["h"]] for o in entry["objects"][:max_boxes]],
+                                dtype=np.float32).reshape(-1, 4)
+            except (KeyError, TypeError, ValueError) as e:
+                raise MalformedDataError(f"{self.path}: an entry lacks image_id or an object's x/y/w/h ({e!r}). "
+                                         f"Expected {BOX_HINT}.") from e
+            if image_id not in sizes:
+                raise MalformedDataError(f"{self.path}: image_id {image_id} has no size in {sizes_path}. Expected {BOX_HINT}.")
+            xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
+            self.boxes[str(image_id)] = _normalise(xyxy, *sizes[image_id], f"{self.path} (image_id {image_id})")
+
+    def load(self, image_path: str | Path) -> np.ndarray:
+        """(N, 4) normalised boxes of one image."""
+        for key in image_keys(image_path):
+            if key in self.boxes:
+                boxes = self.boxes[key]
+                return boxes if len(boxes) else np.array([[0.0, 0.0, 1.0, 1.0]], dtype=np.float32)
+        raise MissingDataError(f"image {image_path} (ids {', '.join(image_keys(image_path))}) has no entry in "
+                               f"{self.path}. Expected {BOX_HINT}.")

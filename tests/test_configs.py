@@ -122,6 +122,8 @@ def offline_overrides(path, world, tmp_path):
         args += ["--config", yaml.safe_dump({"data": {"init_args": {"captions": reader}}}),
                  f"--data.init_args.world_meta={world / 'world.json'}"]
         args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in COMPOSER_OFFLINE.items()]
+        if data_args.get("region_boxes"):  # object boxes: the world's Visual Genome layout
+            args.append(f"--data.init_args.region_boxes={world / 'visual_genome' / 'objects.json'}")
         if data_args.get("region_files"):  # detector regions as the paper's files: random ones for every image
             args.append(f"--data.init_args.region_files={world_region_files(world, tmp_path / 'regions', net_args['region_dim'])}")
     for key, value in WORLD_DATA.get(data_name, {}).items():

@@ -1,16 +1,21 @@
-"""Detector region files (data_modules/regions.py) and the warm-up schedule COMPOSER's paper config uses."""
+"""Detector region files and object boxes (data_modules/regions.py), RoI regions, and the warm-up schedule COMPOSER's paper config uses."""
 
 from __future__ import annotations
 
 import base64
+import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from test_composer_model import tiny_net
 
 from data_modules.common import MalformedDataError, MissingDataError
-from data_modules.regions import RegionStore, image_keys, read_npz_regions
+from data_modules.regions import BoxStore, RegionStore, image_keys, read_npz_regions
 from grounding.composer.data import collate_visual
+from grounding.composer.model import box_regions
+from grounding.composer.training import ComposerTraining
 from grounding.schedules import WarmupStepDecay
 
 FEATURES = np.arange(3 * 4, dtype=np.float32).reshape(3, 4)
@@ -53,6 +58,62 @@ def test_regions_are_padded_with_a_mask():
     out = collate_visual(items)
     assert out["region_features"].shape == (2, 3, 4)
     assert out["region_mask"].tolist() == [[True, True, False], [True, True, True]]
+
+
+def _vg_boxes(folder, objects, sizes=((7, 100, 50),)):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "image_data.json").write_text(json.dumps([{"image_id": i, "width": w, "height": h} for i, w, h in sizes]))
+    (folder / "objects.json").write_text(json.dumps(objects))
+    return folder / "objects.json"
+
+
+def test_object_boxes_from_visual_genome(tmp_path):
+    objects = [{"image_id": 7, "objects": [{"x": 0, "y": 0, "w": 50, "h": 25}, {"x": 10, "y": 5, "w": 90, "h": 45},
+                                           {"x": 0, "y": 0, "w": 100, "h": 50}]}]
+    store = BoxStore(_vg_boxes(tmp_path, objects), max_boxes=2)
+    np.testing.assert_allclose(store.load("flickr/world_000007.jpg"), NORMALISED[:2])  # x,y,w,h -> x1,y1,x2,y2 / size
+    with pytest.raises(MissingDataError, match="world_000008.jpg .* has no entry in .*objects.json"):
+        store.load("world_000008.jpg")
+    empty = BoxStore(_vg_boxes(tmp_path / "e", [{"image_id": 7, "objects": []}]))
+    assert empty.load("7.jpg").tolist() == [[0, 0, 1, 1]]  # no objects: the whole image is the one region
+    with pytest.raises(MalformedDataError, match=r"objects.json: an entry lacks image_id or an object's x/y/w/h"):
+        BoxStore(_vg_boxes(tmp_path / "bad", [{"image_id": 7, "objects": [{"x": 0}]}]))
+    with pytest.raises(MalformedDataError, match="image_id 9 has no size in .*image_data.json"):
+        BoxStore(_vg_boxes(tmp_path / "nosize", [{"image_id": 9, "objects": []}]))
+    with pytest.raises(MissingDataError, match="object boxes .*missing.json do not exist"):
+        BoxStore(tmp_path / "missing.json")
+
+
+def test_images_with_boxes_are_padded_with_a_mask():
+    items = [{"image": torch.zeros(3, 8, 8), "region_boxes": torch.zeros(1, 4), "image_index": 0},
+             {"image": torch.ones(3, 8, 8), "region_boxes": torch.ones(2, 4), "image_index": 1}]
+    out = collate_visual(items)
+    assert out["images"].shape == (2, 3, 8, 8) and "region_features" not in out
+    assert out["region_boxes"].shape == (2, 2, 4)
+    assert out["region_mask"].tolist() == [[True, False], [True, True]]
+
+
+def test_box_regions_average_the_cells_under_each_box():
+    maps = torch.arange(2 * 3 * 4 * 4, dtype=torch.float64).reshape(2, 3, 4, 4)
+    boxes = torch.tensor([[[0, 0, 0.5, 0.5], [0.25, 0.5, 1.0, 1.0]], [[0, 0, 1, 1], [0.75, 0.25, 1.0, 0.5]]],
+                         dtype=torch.float64)
+    out = box_regions(maps, boxes)
+    assert out.shape == (2, 2, 3)
+    expected = [[maps[0, :, :2, :2].mean((1, 2)), maps[0, :, 2:, 1:].mean((1, 2))],
+                [maps[1].mean((1, 2)), maps[1, :, 1, 3]]]  # whole cells: the mean of exactly those cells
+    torch.testing.assert_close(out, torch.stack([torch.stack(r) for r in expected]))
+
+
+@pytest.mark.parametrize("source,files,boxes,message", [
+    ("boxes", None, None, "region_source is 'boxes' but the DataModule's regions are 'grid': set data.init_args.region_boxes"),
+    ("grid", None, "objects.json", "regions are 'boxes': unset data.init_args.region_files and region_boxes"),
+    ("grid", "regions/", None, "regions are 'files'"),
+])
+def test_network_and_data_must_agree_on_the_region_source(source, files, boxes, message):
+    module = ComposerTraining(tiny_net(region_source=source), feature_cache=False)
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(region_files=files, region_boxes=boxes))
+    with pytest.raises(ValueError, match=message):
+        module.setup("fit")
 
 
 def test_warmup_step_decay():

@@ -32,7 +32,7 @@ from data_modules.common import (
     MalformedDataError,
 )
 from data_modules.formats import load_json
-from data_modules.regions import RegionStore
+from data_modules.regions import BoxStore, RegionStore
 from grounding.paths import resolve_path
 
 from .batch import TokenTables, composition_batch
@@ -45,10 +45,14 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 
-def _visual(images: CaptionDataset, regions: RegionStore | None, index: int) -> dict:
-    """Pixels (or cached backbone maps) of an image, or its detector regions from ``regions``."""
+def _visual(images: CaptionDataset, regions: RegionStore | BoxStore | None, index: int) -> dict:
+    """Pixels (or cached backbone maps) of an image, with its object boxes when ``regions`` is a
+    :class:`BoxStore` (``region_source: boxes``), or its detector regions from a :class:`RegionStore`."""
     if regions is None:
         return {"image": images.load_image(index), "image_index": index}
+    if isinstance(regions, BoxStore):
+        boxes = regions.load(images.image_paths[index])
+        return {"image": images.load_image(index), "region_boxes": torch.from_numpy(boxes), "image_index": index}
     features, boxes = regions.load(images.image_paths[index])
     return {"region_features": torch.from_numpy(features), "region_boxes": torch.from_numpy(boxes), "image_index": index}
 
@@ -80,15 +84,16 @@ class _Images(Dataset):
 
 
 def collate_visual(items: list[dict]) -> dict:
-    """Stacked pixels / maps, or detector regions right-padded to the batch's most regions with a mask."""
+    """Stacked pixels / maps, and any regions' boxes (features) right-padded to the batch's most regions with a mask."""
     out = {"image_index": torch.tensor([it["image_index"] for it in items])}
     if "image" in items[0]:
         out["images"] = torch.stack([it["image"] for it in items])
-        return out
-    feats = pad_sequence([it["region_features"] for it in items], batch_first=True)
-    boxes = pad_sequence([it["region_boxes"] for it in items], batch_first=True)
-    mask = pad_sequence([torch.ones(len(it["region_features"]), dtype=torch.bool) for it in items], batch_first=True)
-    out.update(region_features=feats, region_boxes=boxes, region_mask=mask)
+    if "region_boxes" in items[0]:
+        boxes = [it["region_boxes"] for it in items]
+        out["region_boxes"] = pad_sequence(boxes, batch_first=True)
+        out["region_mask"] = pad_sequence([torch.ones(len(b), dtype=torch.bool) for b in boxes], batch_first=True)
+    if "region_features" in items[0]:
+        out["region_features"] = pad_sequence([it["region_features"] for it in items], batch_first=True)
     return out
 
 
@@ -165,10 +170,13 @@ class ComposerDataModule(GroundingDataModule):
     compositional test captions. ``phrase_seed``: draws Table 5's phrase queries. ``region_files``: a
     folder of per-image ``.npz`` or a bottom-up-attention ``.tsv`` of detector regions (the network's
     ``region_source: files``; see :mod:`data_modules.regions`); without it batches carry images.
+    ``region_boxes``: Visual Genome's ``objects.json`` (image sizes from ``image_data.json`` beside it): batches
+    carry images and up to ``max_boxes`` object boxes each (the network's ``region_source: boxes``).
     """
 
     def __init__(self, captions: CaptionDataModule, backend: str = DEFAULT_BACKEND, parse_workers: int = 1,
                  degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int = 0, region_files: str | None = None,
+                 region_boxes: str | None = None, max_boxes: int = 100,
                  text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
                  eval_batch_size: int | None = None, caption_batch_size: int = 64, num_workers: int = 0,
                  image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
@@ -181,6 +189,7 @@ class ComposerDataModule(GroundingDataModule):
         self.world_meta, self.phrase_seed = world_meta, phrase_seed
         self.caption_batch_size = caption_batch_size
         self.region_files = region_files
+        self.region_boxes, self.max_boxes = region_boxes, max_boxes
         self.regions: RegionStore | None = None
         self.graphs: dict[str, SplitGraph] = {}
 
@@ -193,6 +202,8 @@ class ComposerDataModule(GroundingDataModule):
             ds.transform = transform
         if self.region_files:
             self.regions = RegionStore(resolve_path(self.region_files))
+        elif self.region_boxes:
+            self.regions = BoxStore(resolve_path(self.region_boxes), self.max_boxes)
         for split in SPLITS:
             self.graphs[split] = self._split_graph(split, datasets[split])
         return datasets

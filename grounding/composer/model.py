@@ -32,6 +32,16 @@ def grid_regions(maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return features, boxes.to(maps.dtype), torch.ones(b, h * w, dtype=torch.bool, device=maps.device)
 
 
+def box_regions(maps: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """RoI features (B,N,C): each normalised box (B,N,4: x1,y1,x2,y2 in [0,1]) average-pooled from the
+    backbone maps (B,C,h,w) by ``roi_align`` (one output bin, pixel-centre aligned)."""
+    b, n = boxes.shape[:2]
+    scale = torch.tensor([maps.shape[3], maps.shape[2]] * 2, dtype=maps.dtype, device=maps.device)
+    rois = torch.cat([torch.arange(b, device=maps.device).repeat_interleave(n)[:, None].to(maps.dtype),
+                      boxes.reshape(-1, 4) * scale], 1)
+    return roi_align(maps, rois, output_size=1, aligned=True).reshape(b, n, -1)
+
+
 class RegionEmbedding(nn.Module):
     """ViLBERT's image embedding: a region feature and its 5-d location (x1/W, y1/H, x2/W, y2/H, area)."""
 
@@ -228,11 +238,7 @@ class Composer(RecordedNet):
             features, boxes, mask = grid_regions(maps)
         elif self.region_source == "boxes":
             maps = (images if images.shape[1] != 3 else self.backbone(images)).to(dtype)
-            b, n = boxes.shape[:2]
-            scale = torch.tensor([maps.shape[3], maps.shape[2]] * 2, dtype=maps.dtype, device=maps.device)
-            rois = torch.cat([torch.arange(b, device=maps.device).repeat_interleave(n)[:, None].to(maps.dtype),
-                              (boxes.reshape(-1, 4) * scale)], 1)
-            features = roi_align(maps, rois, output_size=1, aligned=True).reshape(b, n, -1)
+            features = box_regions(maps, boxes.to(dtype))
         return self.regions(features.to(dtype), boxes.to(dtype)), mask
 
     def word_pieces(self, ids: torch.Tensor) -> torch.Tensor:

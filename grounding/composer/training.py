@@ -65,16 +65,23 @@ class ComposerTraining(GroundingModule):
         if base is not None and base != self.net.placeholder_base:
             raise ValueError(f"the DataModule's tokenizer has {base} word pieces but the network's text encoder "
                              f"{self.net.placeholder_base}: give both the same text_encoder")
+        if dm is not None and hasattr(dm, "region_boxes"):
+            gives = "files" if dm.region_files else "boxes" if dm.region_boxes else "grid"
+            if gives != self.net.region_source:
+                fix = {"files": "set data.init_args.region_files (detector features)",
+                       "boxes": "set data.init_args.region_boxes (a Visual Genome objects.json)",
+                       "grid": "unset data.init_args.region_files and region_boxes"}[self.net.region_source]
+                raise ValueError(f"the network's region_source is {self.net.region_source!r} but the DataModule's "
+                                 f"regions are {gives!r}: {fix}")
 
     def frozen_backbone(self):
         return self.net.backbone
 
     def regions(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Region tokens of a batch's images (pixels / cached maps) or of its detector regions."""
-        if "region_features" in batch:
-            return self.net.embed_regions(features=batch["region_features"], boxes=batch["region_boxes"],
-                                          mask=batch["region_mask"])
-        return self.net.embed_regions(batch["images"])
+        """Region tokens of a batch's images (pixels / cached maps, with object boxes for ``boxes``) or of its
+        detector regions (``files``)."""
+        return self.net.embed_regions(batch.get("images"), batch.get("region_features"), batch.get("region_boxes"),
+                                      batch.get("region_mask"))
 
     # ---------------------------------------------------------------- training
     def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
