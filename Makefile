@@ -23,7 +23,8 @@ SEED ?= 0
 CLI := $(PY) -m grounding
 
 .PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline \
-        semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate
+        semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate composer-splits \
+        composer-cost
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -155,6 +156,26 @@ demo-composer: install  ## COMPOSER on the embedded world: its CRG, an MCD split
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
 	$(MAKE) --no-print-directory composer
+
+# COMPOSER on its MCD split and the graded splits (§5.1, Fig. 4): the world checkpoint of `make composer` tested
+# on every split of `make demo-composer`'s mcd_world (each made first when missing); table + plot in the report folder.
+COMPOSER_SPLITS ?= outputs/composer/mcd_world
+COMPOSER_SPLITS_OUT ?= reports/composer/splits_world
+composer-splits: install  ## COMPOSER: test the world checkpoint on the MCD + graded splits: R@1/R@5 per split, Fig. 4 (reports/composer/splits_world)
+	@test -f $(COMPOSER_SPLITS)/mcd.json || { echo "$(COMPOSER_SPLITS)/mcd.json is missing: making the world's MCD split first"; \
+	  { test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world; } && \
+	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml --out $(COMPOSER_SPLITS); }
+	@test -f $(COMPOSER_OUT)/checkpoints/last.ckpt || { echo "$(COMPOSER_OUT)/checkpoints/last.ckpt is missing: training it first (make composer)"; \
+	  $(MAKE) --no-print-directory composer; }
+	$(PY) -m grounding.composer evaluate-splits --config $(COMPOSER_CONFIG) --ckpt $(COMPOSER_OUT)/checkpoints/last.ckpt \
+	  --splits $(COMPOSER_SPLITS) --out $(COMPOSER_SPLITS_OUT) $(COMPOSER_SPLITS_ARGS)
+
+# COMPOSER's Table 6 columns: parameters per part and FLOPs of one (image, caption) pair (App. A's example caption,
+# 100 detector regions) for COST_CONFIG and for every (PT, CT) row of the table; bert-base-uncased without its
+# weights is counted as its architecture. The world model: COST_CONFIG=experiments/composer/composer_world.yaml.
+COST_CONFIG ?= experiments/composer/composer_f30k_paper.yaml
+composer-cost: install  ## COMPOSER Table 6: parameters and FLOPs per (image, caption) pair of COST_CONFIG, every PT/CT row (COST_ARGS=)
+	$(PY) -m grounding.composer cost --config $(COST_CONFIG) --table6 $(COST_ARGS)
 
 # SemCLIP on the world: a world STE, then Γ_t aligning the suite's baseline VLM to it, then Tables 3-4.
 SEMCLIP_STE_CONFIG ?= experiments/semclip/ste_world.yaml

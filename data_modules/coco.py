@@ -61,9 +61,10 @@ class CocoCaptionsDataModule(CaptionDataModule):
                  image_size: int = 224, resize_size: int = 256,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None):
+                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset)
+                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
+                         val_subset=val_subset)
         if layout not in ("official", "karpathy"):
             raise ValueError(f"CocoCaptionsDataModule: layout must be 'official' or 'karpathy', not {layout!r}")
         self.coco_layout = layout

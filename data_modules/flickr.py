@@ -65,7 +65,8 @@ class FlickrDataModule(CaptionDataModule):
     list file, default Flickr8k's official lists; val may be named "val" or "dev"), ``image_dir``
     (relative to root). With neither file set, a Karpathy file in root is used if present, else a
     token file. Real Flickr8k with only a subset of the photos: set ``captions_file`` to a token
-    file listing just those (e.g. ``Flickr8k.token.1000img.txt``).
+    file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``test_only``: train and val may be
+    empty (an evaluation-only Karpathy file such as an MCD split of ``python -m grounding.composer mcd``).
     """
 
     dataset_name = "Flickr"
@@ -79,7 +80,7 @@ class FlickrDataModule(CaptionDataModule):
                  image_size: int = 224, resize_size: int = 256,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None):
+                 train_subset: int | None = None, test_subset: int | None = None, test_only: bool = False):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset)
         if karpathy_file and captions_file:
@@ -93,6 +94,7 @@ class FlickrDataModule(CaptionDataModule):
             raise ValueError(f"FlickrDataModule: split_files needs keys train, val (or dev), test; got "
                              f"{sorted(self.split_files)}")
         self.image_dir = image_dir
+        self.required_splits = ("test",) if test_only else CaptionDataModule.required_splits
 
     def _image_dir(self, root: Path) -> Path:
         if self.image_dir is not None:

@@ -67,6 +67,8 @@ class GroundingCLI(LightningCLI):
         parser.link_arguments(f"{net}.backbone", "data.init_args.std", compute_fn=backbone_std)
         # A stage that starts from a checkpoint (init_from) takes its frozen CNN from it: no ImageNet file.
         parser.link_arguments("model.init_args.init_from", f"{net}.backbone_weights", compute_fn=weights_unless_init_from)
+        # COMPOSER's hard negatives: the model's choice; the DataModule adds the pool's captions to each batch.
+        parser.link_arguments("model.init_args.hard_negatives", "data.init_args.hard_negatives")
         # Stage 2's label sets are the DataModule's (its Visual Genome cleaning / mapping) and size the
         # network; jsonargparse skips these links for a DataModule without the attribute.
         for labels, size in (("relation_labels", "num_relations"), ("object_classes", "num_object_classes")):

@@ -137,10 +137,15 @@ def offline_overrides(path, world, tmp_path):
     return args
 
 
-# The slowest fast_dev_runs (WordNet's similarity lists; a second COMPOSER config over the world one) run in
-# the full tier (`make test-full`); `make test` still instantiates them (test_config_parses_with_print_config).
-SLOW_RUNS = {"semclip/ste_wordnet.yaml", "composer/composer_flickr8k.yaml"}
-RUNS = [pytest.param(p, marks=pytest.mark.slow) if i in SLOW_RUNS else p for p, i in zip(CONFIGS, IDS)]
+# The slowest fast_dev_runs (WordNet's similarity lists) and the COMPOSER configs that only vary another one's
+# data or a switch (Flickr8k, COCO / C30K, Table 2's test settings, Table 7's degraded parses) run in the full
+# tier (`make test-full`); `make test` still instantiates every one (test_config_parses_with_print_config) and
+# runs one fast_dev_run per region source and hard-negative mode (world grid, world boxes, F30K files + pool).
+SLOW_RUNS = {"semclip/ste_wordnet.yaml", "composer/composer_flickr8k.yaml", "composer/composer_coco_paper.yaml",
+             "composer/composer_c30k_paper.yaml"}
+SLOW_FOLDERS = ("composer/table2/", "composer/table7/")
+RUNS = [pytest.param(p, marks=pytest.mark.slow) if i in SLOW_RUNS or i.startswith(SLOW_FOLDERS) else p
+        for p, i in zip(CONFIGS, IDS)]
 
 
 @pytest.mark.parametrize("path", RUNS, ids=IDS)

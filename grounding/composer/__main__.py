@@ -6,6 +6,9 @@
     python -m grounding.composer crg   --captions dataset_coco.json --captions-subset c30k --out DIR   # C30K (§5.1)
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
+    python -m grounding.composer evaluate-splits --config MODEL.yaml --ckpt CKPT --splits MCD_DIR [--out DIR]
+                                                 [--rerank-top-k K] [--limit N]   # Fig. 4 (split_eval.py)
+    python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6]  # Table 6 (cost.py)
 
 ``--config experiments/composer/<name>.yaml`` fills any option of crg / stats / mcd from a YAML file
 (keys are the option names with underscores, at the top level or under the command's name, as in
@@ -116,12 +119,32 @@ def build_argparser() -> ArgumentParser:
     show.add_argument("--caption", type=int, default=0)
     chk = _subparser("check-parser", config=False)
     chk.add_argument("--backend", default=None, choices=BACKENDS)
+    ev = _subparser("evaluate-splits", config=False)
+    ev.add_argument("--config", type=str, required=True,
+                    help="the COMPOSER model config the checkpoint was trained with (experiments/composer/composer_*.yaml)")
+    ev.add_argument("--ckpt", type=str, required=True, help="the trained checkpoint (outputs/<run>/checkpoints/last.ckpt)")
+    ev.add_argument("--splits", type=str, required=True, help="the --out folder of `mcd` (mcd.json, graded/, summary.json)")
+    ev.add_argument("--out", type=Optional[str], default=None, help="output folder (default <splits>/eval)")
+    ev.add_argument("--rerank-top-k", type=Optional[int], default=None,
+                    help="compose each caption with its top-K first-stage images only (default: the config's)")
+    ev.add_argument("--limit", type=Optional[int], default=None, help="test the first N images of each split only")
+    cost = _subparser("cost", config=False)
+    cost.add_argument("--config", type=str, required=True,
+                      help="a COMPOSER model config (experiments/composer/composer_*.yaml; its base: chain is followed)")
+    cost.add_argument("--regions", type=Optional[int], default=None,
+                      help="regions of the image (detector files / boxes: default 100, App. C; a grid has its cells)")
+    cost.add_argument("--caption", type=str, default=None, help="the caption whose CRG is composed (default: App. A's example)")
+    cost.add_argument("--backend", default=None, choices=BACKENDS, help="parser of the caption (default: the config's)")
+    cost.add_argument("--table6", action="store_true", help="also every (PT, CT) row of Table 6, next to the paper's")
+    cost.add_argument("--out", type=Optional[str], default=None, help="also write the counts as JSON to this file")
     for name, p, help_ in [
         ("crg", crg, "parse captions, build the Concept & Relation Graph, print Table 1 stats"),
         ("stats", st, "Table 1 columns of a saved graph or of a caption file"),
         ("mcd", mcd, "maximum compound divergence split + graded splits (Fig. 4)"),
         ("show", show, "print one caption's bottom-up concept tree"),
         ("check-parser", chk, "say whether a parser backend is usable here (and how to install it)"),
+        ("evaluate-splits", ev, "test a trained checkpoint on the MCD split and every graded split; table + Fig. 4"),
+        ("cost", cost, "Table 6: parameters per part and FLOPs per (image, caption) pair of a model config"),
     ]:
         sub.add_subcommand(name, p, help=help_)
         if name in CONFIG_COMMANDS:  # after add_subcommand, which gives a subcommand its parent's mode
@@ -142,7 +165,8 @@ def _apply_config(args: argparse.Namespace, parser: ArgumentParser | None = None
     """The parsed command's options as one flat namespace (``args.command``, ``args.out``, ...). The
     ``--config`` file was applied by jsonargparse while parsing; ``parser`` is not needed any more."""
     options = args[args.command].as_dict() if args.get(args.command) is not None else {}
-    options.pop("config", None)
+    if args.command in CONFIG_COMMANDS:  # evaluate-splits' --config is its model config, an option of its own
+        options.pop("config", None)
     return argparse.Namespace(command=args.command, **options)
 
 
@@ -201,6 +225,31 @@ def _build(args, prefix: str, captions_per_image: int | None = None):
     return cs, graph, report
 
 
+def _cost(args) -> int:
+    """``cost``: Table 6's parameters and FLOPs of the network a model config builds (grounding/composer/cost.py)."""
+    # here, not at the top: torch, transformers and the network load only for this command (crg / mcd stay light)
+    from grounding.encoders import MissingWeightsError
+
+    # (the same: torch and transformers)
+    from .cost import APP_A_CAPTION, config_cost, format_cost, format_table6, table6_costs
+
+    config, caption = _expand(args.config), args.caption or APP_A_CAPTION
+    try:
+        report = config_cost(config, caption, args.regions, args.backend)
+        print(format_cost(report, config))
+        rows = table6_costs(config, caption, args.regions, args.backend) if args.table6 else {}
+    except (MissingWeightsError, ArgumentError) as e:
+        raise UsageError(f"{config}: {' '.join(str(e).split()) if isinstance(e, ArgumentError) else e}") from e
+    if rows:
+        print(format_table6(rows))
+    if args.out:
+        atomic_write_json(args.out, {"config": config, **report.as_dict(),
+                                     "table6": [{"pt_layers": pt, "ct_layers": ct, **r.as_dict()} for (pt, ct), r in rows.items()]},
+                          indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -234,6 +283,16 @@ def main(argv=None) -> int:
                 name = Path(_expand(args.captions)).stem
             print(format_stats(g.stats(), name))
             return 0
+        if args.command == "evaluate-splits":
+            # here, not at the top: torch and Lightning load only for this command (crg / mcd stay light)
+            from .split_eval import evaluate_splits
+
+            splits = _expand(args.splits)
+            evaluate_splits(_expand(args.config), _expand(args.ckpt), splits, _expand(args.out) or str(Path(splits) / "eval"),
+                            rerank_top_k=args.rerank_top_k, limit=args.limit)
+            return 0
+        if args.command == "cost":
+            return _cost(args)
         if args.command == "crg":
             _need(args, "captions", "out")
             t0 = time.perf_counter()

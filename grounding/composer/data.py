@@ -39,6 +39,7 @@ from .batch import TokenTables, composition_batch
 from .build import build_concept_graph
 from .captions import CaptionSet
 from .concept_graph import OK, ConceptGraph
+from .hard_negatives import HARD_NEGATIVE_MODES, draw_hard_captions, hard_draws, training_pool
 from .parsing import DEFAULT_BACKEND
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ def _visual(images: CaptionDataset, regions: RegionStore | BoxStore | None, inde
 
 
 class _TrainItems(Dataset):
-    """(image, k-th decomposed caption of it) -> its visual input and graph caption id."""
+    """(image, sampler choice) -> its visual input, graph caption id ``choice mod n`` of its n decomposed
+    captions, and ``hard_key`` = ``choice div n`` (the hard-negative draw of ``hard_negatives: pool``)."""
 
     def __init__(self, images: CaptionDataset, caption_ids: list[np.ndarray], regions: RegionStore | None = None):
         self.images, self.caption_ids, self.regions = images, caption_ids, regions
@@ -69,7 +71,8 @@ class _TrainItems(Dataset):
     def __getitem__(self, item):
         index, choice = item if isinstance(item, (tuple, list)) else (item, 0)
         ids = self.caption_ids[index]
-        return {**_visual(self.images, self.regions, int(index)), "caption": int(ids[choice % len(ids)])}
+        return {**_visual(self.images, self.regions, int(index)), "caption": int(ids[choice % len(ids)]),
+                "hard_key": int(choice) // len(ids)}
 
 
 class _Images(Dataset):
@@ -123,11 +126,25 @@ class SplitGraph:
 
 
 class _TrainCollate:
-    def __init__(self, split: SplitGraph):
-        self.split = split
+    """Training items -> one composition batch of their B captions; with a hard-negative ``pool`` (image ->
+    its P nearest training images) the captions are the B positives then B hard ones, a caption of a pool
+    neighbour of each positive's image (:func:`draw_hard_captions`; ``caption_ptr``/``caption_ids``: every
+    training image's decomposed captions as a CSR), and ``hard_caption`` gives their rows (B..2B−1)."""
+
+    def __init__(self, split: SplitGraph, pool: np.ndarray | None = None, caption_ptr: np.ndarray | None = None,
+                 caption_ids: np.ndarray | None = None):
+        self.split, self.pool, self.caption_ptr, self.caption_ids = split, pool, caption_ptr, caption_ids
 
     def __call__(self, items):
-        return {**self.split.batch([it["caption"] for it in items]), **collate_visual(items)}
+        visual = collate_visual(items)
+        captions = np.array([it["caption"] for it in items], dtype=np.int64)
+        if self.pool is None:
+            return {**self.split.batch(captions), **visual}
+        key = np.array([it["hard_key"] for it in items], dtype=np.int64)
+        hard = draw_hard_captions(self.pool, self.caption_ptr, self.caption_ids, visual["image_index"].numpy(), key)
+        out = self.split.batch(np.concatenate([captions, hard]))
+        out["hard_caption"] = torch.arange(len(items), 2 * len(items))
+        return {**out, **visual}
 
 
 class _CaptionCollate:
@@ -172,11 +189,16 @@ class ComposerDataModule(GroundingDataModule):
     ``region_source: files``; see :mod:`data_modules.regions`); without it batches carry images.
     ``region_boxes``: Visual Genome's ``objects.json`` (image sizes from ``image_data.json`` beside it): batches
     carry images and up to ``max_boxes`` object boxes each (the network's ``region_source: boxes``).
+    ``hard_negatives`` (linked from the model's): ``pool`` adds to every training batch a caption of one of
+    each positive image's ``hard_negative_pool_size`` nearest training images (paper 100), by the cosine of
+    ``hard_negative_embeddings`` (an .npz of ``names`` and ``embeddings``) or else of the mean detector
+    region (``region_files``) or the mean-pooled frozen CNN map (see :mod:`grounding.composer.hard_negatives`).
     """
 
     def __init__(self, captions: CaptionDataModule, backend: str = DEFAULT_BACKEND, parse_workers: int = 1,
                  degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int = 0, region_files: str | None = None,
-                 region_boxes: str | None = None, max_boxes: int = 100,
+                 region_boxes: str | None = None, max_boxes: int = 100, hard_negatives: str = "batch",
+                 hard_negative_pool_size: int = 100, hard_negative_embeddings: str | None = None,
                  text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
                  eval_batch_size: int | None = None, caption_batch_size: int = 64, num_workers: int = 0,
                  image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
@@ -190,6 +212,12 @@ class ComposerDataModule(GroundingDataModule):
         self.caption_batch_size = caption_batch_size
         self.region_files = region_files
         self.region_boxes, self.max_boxes = region_boxes, max_boxes
+        if hard_negatives not in HARD_NEGATIVE_MODES:
+            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
+        if hard_negative_pool_size < 1:
+            raise ValueError(f"hard_negative_pool_size must be at least 1; got {hard_negative_pool_size}")
+        self.hard_negatives, self.hard_negative_pool_size = hard_negatives, hard_negative_pool_size
+        self.hard_negative_embeddings = hard_negative_embeddings
         self.regions: RegionStore | None = None
         self.graphs: dict[str, SplitGraph] = {}
 
@@ -204,7 +232,7 @@ class ComposerDataModule(GroundingDataModule):
             self.regions = RegionStore(resolve_path(self.region_files))
         elif self.region_boxes:
             self.regions = BoxStore(resolve_path(self.region_boxes), self.max_boxes)
-        for split in SPLITS:
+        for split in SPLITS:  # a test-only caption file (an MCD split) has empty train / val: empty graphs
             self.graphs[split] = self._split_graph(split, datasets[split])
         return datasets
 
@@ -216,6 +244,9 @@ class ComposerDataModule(GroundingDataModule):
         texts = [c for caps in images.captions for c in caps]
         caption_image = images.caption_image_index.numpy()
         names = [p.name for p in images.image_paths]
+        if not texts:  # an empty split (test-only caption file): nothing to parse or cache
+            graph = ConceptGraph.build([], caption_image, names)
+            return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts), np.zeros(0, dtype=bool))
         source = f"{type(self.captions).__name__}:{self.captions.root}:{split}"
         graph, report = build_concept_graph(CaptionSet(names, texts, caption_image, source=source), backend=self.backend,
                                             workers=self.parse_workers, degrade_prob=self.degrade, seed=self.seed)
@@ -244,15 +275,43 @@ class ComposerDataModule(GroundingDataModule):
 
     def train_dataloader(self) -> DataLoader:
         items, keep = self._train_items()
-        counts = [len(c) for c in items.caption_ids]
-        sampler = _KeepSampler(EpochSampler(len(items), shuffle=True, seed=self.seed, num_choices=[max(c, 1) for c in counts]),
-                               set(keep))
+        counts = np.array([len(c) for c in items.caption_ids], dtype=np.int64)
+        choices, collate = np.maximum(counts, 1), _TrainCollate(self.graphs["train"])
+        if self.hard_negatives == "pool":
+            pool = self._hard_negative_pool(items.images, keep)
+            # the sampler's seeded per-epoch caption draw, widened: choice mod n the positive, choice div n the hard one
+            choices = choices * hard_draws(pool.shape[1], int(counts.max()))
+            ptr = np.concatenate([[0], np.cumsum(counts)])
+            collate = _TrainCollate(self.graphs["train"], pool, ptr, np.concatenate(items.caption_ids).astype(np.int64))
+        sampler = _KeepSampler(EpochSampler(len(items), shuffle=True, seed=self.seed, num_choices=choices.tolist()), set(keep))
         return DataLoader(items, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
-                          collate_fn=_TrainCollate(self.graphs["train"]), drop_last=self.drop_last)
+                          collate_fn=collate, drop_last=self.drop_last)
+
+    def _hard_negative_pool(self, images: CaptionDataset, keep: list[int]) -> np.ndarray:
+        """Every training image's nearest training images (:func:`training_pool`), computed when the train loader is
+        made: after the run's weights are restored and the feature cache attached (whose maps it reuses). Under
+        DDP rank 0 builds (or reads) the cached pool and the other ranks read it."""
+        trainer = self.trainer
+        backbone = None
+        if trainer is not None and not self.hard_negative_embeddings and not self.region_files:
+            backbone = trainer.lightning_module.frozen_backbone()
+        args = dict(dataset=images, images=np.asarray(keep), size=self.hard_negative_pool_size,
+                    embeddings_file=self.hard_negative_embeddings, regions=self.regions if self.region_files else None,
+                    backbone=backbone, batch_size=self.eval_batch_size, num_workers=self.num_workers,
+                    device=trainer.strategy.root_device if trainer is not None else "cpu")
+        zero = trainer is None or trainer.is_global_zero
+        pool = training_pool(**args) if zero else None
+        if trainer is not None and trainer.world_size > 1:
+            trainer.strategy.barrier("hard_negative_pool")
+            if not zero:
+                pool = training_pool(**args, build=False)
+        return pool
 
     def _eval_loaders(self, split: str) -> list[DataLoader]:
         images = self._dataset(split)
+        if len(images) == 0:  # an empty split (test-only caption file): no loaders, the loop skips it
+            return []
         common = dict(num_workers=self.num_workers, persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)
         return [DataLoader(_Images(images, self.regions), batch_size=self.eval_batch_size, collate_fn=collate_visual, **common),
                 DataLoader(_Captions(self.graphs[split].graph.n_captions), batch_size=self.caption_batch_size,

@@ -2,9 +2,11 @@
 (§3.3), evaluated by exhaustive (or reranked) composition of every caption with every image.
 
 Negatives of each positive (x_i, y_i), as in ViLBERT's retrieval fine-tuning: (x_i, a random other
-caption), (a random other image, y_i), and (x_i, the caption of the batch image most similar to x_i by
-mean region feature: ``hard_negatives: batch``) — the paper draws the hard one from x_i's 100 nearest
-images of the whole training set; an in-batch choice is this stage's documented approximation.
+caption), (a random other image, y_i), and (x_i, a hard caption): ``hard_negatives: pool`` (the paper's)
+a caption of one of x_i's ``hard_negative_pool_size`` (100) nearest training images, which the
+DataModule adds to the batch (:mod:`grounding.composer.hard_negatives`); ``batch`` the caption of the
+batch image most similar to x_i by mean region feature (an in-batch approximation); ``random`` another
+random batch caption.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 
 from .evaluation import composer_metrics, phrase_hits, score_captions
+from .hard_negatives import HARD_NEGATIVE_MODES
 from .losses import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
 from .model import Composer, expand_counts
 
-HARD_NEGATIVES = ("batch", "random")
+HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
 
 class ComposerTraining(GroundingModule):
@@ -28,6 +31,9 @@ class ComposerTraining(GroundingModule):
     ``mvsa_loss``: ``hinge`` (paper, margin ``mvsa_margin`` α = 0.8) | ``nll`` | null (off; Table 5).
     ``mvsa_weight`` / ``order_weight``: λ₁, λ₂ (paper 1, 1; 0 turns a term off), ``order_margin`` β = 0.2.
     ``concept_reduction``: ``sum`` over a caption's concepts and edges (paper) or ``mean`` (see losses).
+    ``hard_negatives``: ``pool`` (paper: the batch's ``hard_caption`` rows, a caption of one of x_i's nearest
+    training images; the DataModule's ``hard_negatives`` must be ``pool`` too, linked in grounding/cli.py),
+    ``batch`` (the in-batch image nearest by mean region feature) or ``random``.
     ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
     """
 
@@ -84,15 +90,22 @@ class ComposerTraining(GroundingModule):
                                       batch.get("region_mask"))
 
     # ---------------------------------------------------------------- training
-    def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(random caption, random image, hard caption) batch rows for every positive row."""
+    def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor,
+                  hard_caption: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """(random caption, random image, hard caption) caption / image rows for every positive row;
+        ``hard_caption``: the batch's pool rows (``hard_negatives: pool``)."""
         b = len(regions)
         if b < 3:
             raise ValueError(f"COMPOSER's 4-way loss needs at least 3 pairs a batch; got {b} (raise batch_size)")
         rows = torch.arange(b, device=regions.device)
         random_caption = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
         random_image = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
-        if self.hard_negatives == "batch":
+        if self.hard_negatives == "pool":
+            if hard_caption is None:
+                raise ValueError("hard_negatives: pool needs batches with hard captions: set the DataModule's "
+                                 "hard_negatives to pool as well (the CLI links it from the model's)")
+            hard = hard_caption.to(rows.device)
+        elif self.hard_negatives == "batch":
             with torch.no_grad():
                 m = region_mask.unsqueeze(-1).to(regions.dtype)
                 pooled = F.normalize((regions * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
@@ -109,7 +122,7 @@ class ComposerTraining(GroundingModule):
         regions, region_mask = self.regions(batch)
         b = len(regions)
         rows = torch.arange(b, device=regions.device)
-        random_caption, random_image, hard = self.negatives(regions, region_mask)
+        random_caption, random_image, hard = self.negatives(regions, region_mask, batch.get("hard_caption"))
         pair_image = torch.cat([rows, rows, random_image, rows])
         pair_caption = torch.cat([rows, random_caption, rows, hard])
         table, ptr = self.net.compose(batch, regions, region_mask, pair_image, pair_caption)
@@ -118,8 +131,9 @@ class ComposerTraining(GroundingModule):
         scores = s[ptr[:-1] + root[pair_caption]].view(4, b).T  # (B, 4): positive, then the 3 negatives
         losses = {"match": match_nll(scores)}
         loss = losses["match"]
-        node_ptr, node_height = batch["caption_node_ptr"], batch["node_height"]
-        owner, k = expand_counts((node_ptr[1:] - node_ptr[:-1])[:b])
+        # ℓ_MVSA and ℓ_order run over the B positive captions (a pool batch has B hard captions after them)
+        node_ptr, node_height = batch["caption_node_ptr"][:b + 1], batch["node_height"][:int(batch["caption_node_ptr"][b])]
+        owner, k = expand_counts(node_ptr[1:] - node_ptr[:-1])
         if self.mvsa_loss is not None and self.mvsa_weight:
             # every non-sentence concept of y_i: against c⁻ of the random caption (pair b+i) and against x⁻ (pair 2b+i)
             keep = k != root[owner]
@@ -129,7 +143,7 @@ class ComposerTraining(GroundingModule):
                                        owner_c, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
             loss = loss + self.mvsa_weight * losses["mvsa"]
         if self.order_weight:
-            row, slot = torch.nonzero(batch["app_args"] >= 0, as_tuple=True)
+            row, slot = torch.nonzero((batch["app_args"] >= 0) & (batch["app_caption"] < b)[:, None], as_tuple=True)
             cap = batch["app_caption"][row]
             parent = s[ptr[cap] + batch["app_local"][row]]
             child = s[ptr[cap] + batch["app_args"][row, slot]]

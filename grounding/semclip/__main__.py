@@ -4,6 +4,7 @@
   python -m grounding.semclip export --ckpt outputs/semclip/ste_wordnet/checkpoints/last.ckpt --out DIR
   python -m grounding.semclip report --ste outputs/semclip/ste_wordnet/embedding --out reports/semclip [--encoders minilm]
   python -m grounding.semclip evaluate --config experiments/semclip/align_world.yaml --out reports/semclip/world
+  python -m grounding.semclip hard-negative-embeddings --vlm suite:CKPT --images data/flickr30k/flickr30k-images --out emb.npz
 
 Training itself goes through the suite's LightningCLI:
   python -m grounding fit --config experiments/semclip/ste_wordnet.yaml
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
@@ -29,7 +31,8 @@ from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_cap
 from grounding.semclip.evaluation import write_report
 from grounding.semclip.stability import evaluate_world, write_world_report
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
-from grounding.semclip.vlm import load_vlm
+from grounding.semclip.vlm import list_images, load_vlm
+from grounding.utils.io import atomic_path
 
 
 def _build_lists(args):
@@ -108,6 +111,16 @@ def _evaluate(args):
     print((Path(out) / "README.md").read_text())
 
 
+def _hard_negative_embeddings(args):
+    """Any VLM's image embeddings as COMPOSER's hard-negative pool source (data.init_args.hard_negative_embeddings
+    of grounding.composer.data.ComposerDataModule): an .npz of ``names`` (file names) and ``embeddings`` (N×d)."""
+    images = [p for folder in args.images for p in list_images(folder)]
+    embeddings = load_vlm(args.vlm, device=args.device).encode_image(images).float().numpy()
+    with atomic_path(args.out, suffix=".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, names=np.array([p.name for p in images]), embeddings=embeddings)
+    print(f"wrote {len(images)} image embeddings ({embeddings.shape[1]}-d) to {args.out}")
+
+
 class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """jsonargparse's help, the description printed as written."""
 
@@ -161,10 +174,17 @@ def build_parser() -> ArgumentParser:
     v.add_argument("--ks", type=int, nargs="+", default=[1, 5, 10, 50])
     v.add_argument("--query-modes", type=str, nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
     v.add_argument("--out", type=str, required=True)
+    h = _subcommand(sub, "hard-negative-embeddings", "embed image folders with a VLM for COMPOSER's hard-negative pool "
+                                                     "(data.init_args.hard_negative_embeddings)")
+    h.add_argument("--vlm", type=str, required=True, help="suite:<ckpt> | hf-clip:<dir> | open-clip:<arch>:<weights>")
+    h.add_argument("--images", type=str, nargs="+", required=True, help="folders holding every training image")
+    h.add_argument("--out", type=str, required=True, help="the .npz to write (names, embeddings)")
+    h.add_argument("--device", type=str, default="cpu")
     return p
 
 
-COMMANDS = {"build-lists": _build_lists, "export": _export, "report": _report, "evaluate": _evaluate}
+COMMANDS = {"build-lists": _build_lists, "export": _export, "report": _report, "evaluate": _evaluate,
+            "hard-negative-embeddings": _hard_negative_embeddings}
 
 
 def main(argv=None):
