@@ -14,8 +14,10 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
@@ -129,6 +131,19 @@ def config_options_first(argv: list[str]) -> list[str]:
             (configs if argv[i].startswith("--config=") else rest).append(argv[i])
             i += 1
     return configs + rest
+
+
+def stage_config_parser(cls: type, section: str) -> ArgumentParser:
+    """A parser of one training-stage config for commands that read it without training: ``section``
+    (``model`` or ``data``) is type-checked against ``cls`` (a subclass of it), the other sections pass
+    unchecked. Give it ``expand_config_bases(["--config", path])``."""
+    p = ArgumentParser(exit_on_error=False)
+    p.add_argument("--config", action=ActionConfigFile)
+    p.add_subclass_arguments(cls, section, required=True)
+    p.add_argument(f"--{'data' if section == 'model' else 'model'}", type=Optional[dict], default=None)
+    for key in ("seed_everything", "trainer", "optimizer", "lr_scheduler", "ckpt_path"):  # the trainer's keys: unused
+        p.add_argument(f"--{key}", type=Any, default=None)
+    return p
 
 
 def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import unittest.mock
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
 
 import numpy as np
 import torch
-from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
+from jsonargparse import ArgumentError
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from grounding.cli import expand_config_bases
+from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.encoders import MissingWeightsError, load_tokenizer
 from grounding.nets import build_net
 
@@ -185,12 +184,7 @@ def crg_summary(graph: ConceptGraph, batch: dict) -> dict:
 def composer_spec(config: str) -> tuple[dict, dict]:
     """(the network spec ``{class_path, init_args}``, the data's init args) of a COMPOSER LightningCLI config,
     its ``base:`` chain followed, type-checked by jsonargparse against :class:`ComposerTraining`."""
-    p = ArgumentParser(exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile)
-    p.add_subclass_arguments(ComposerTraining, "model", required=True)
-    p.add_argument("--data", type=Optional[dict], default=None)
-    for key in ("seed_everything", "trainer", "optimizer", "lr_scheduler", "ckpt_path"):  # the trainer's keys: unused here
-        p.add_argument(f"--{key}", type=Any, default=None)
+    p = stage_config_parser(ComposerTraining, "model")
     try:
         cfg = p.parse_args(expand_config_bases(["--config", config]))
     except ArgumentError as e:

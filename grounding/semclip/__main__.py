@@ -19,13 +19,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
-from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter
+from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
-from grounding.cli import expand_config_bases
+from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
@@ -65,12 +65,7 @@ def alignment_config(path: str) -> dict:
     """The pairs' DataModule arguments and the model's ``export_path`` of an alignment stage config (the file
     ``python -m grounding fit`` trains with, its ``base:`` chain included), type-checked by jsonargparse
     against AlignmentPairsDataModule's signature."""
-    p = ArgumentParser(exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile)
-    p.add_subclass_arguments(AlignmentPairsDataModule, "data", required=True)
-    p.add_argument("--model", type=Optional[dict], default=None)
-    for key in ("seed_everything", "trainer", "optimizer", "lr_scheduler", "ckpt_path"):  # the trainer's keys: unused here
-        p.add_argument(f"--{key}", type=Any, default=None)
+    p = stage_config_parser(AlignmentPairsDataModule, "data")
     cfg = p.parse_args(expand_config_bases(["--config", path]))
     model_args = (cfg.model or {}).get("init_args") or {}
     return {"data": cfg.data.init_args.as_dict(), "export_path": model_args.get("export_path")}
