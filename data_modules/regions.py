@@ -30,10 +30,23 @@ HINT = ("region files: a folder of <image stem>.npz (features N×D, boxes N×4 i
         "bottom-up-attention .tsv (image_id, image_w, image_h, num_boxes, boxes, features; base64 float32)")
 
 
-def _normalise(boxes: np.ndarray, w: float, h: float, where: str) -> np.ndarray:
+def _normalise(boxes: np.ndarray, w: float, h: float, where: str, hint: str = HINT) -> np.ndarray:
     if w <= 0 or h <= 0:
-        raise MalformedDataError(f"{where}: image size {w}x{h} is not positive. Expected {HINT}.")
+        raise MalformedDataError(f"{where}: image size {w}x{h} is not positive. Expected {hint}.")
     return np.clip(boxes.astype(np.float32) / np.array([w, h, w, h], dtype=np.float32), 0.0, 1.0)
+
+
+def crop_boxes(boxes: np.ndarray, width: float, height: float, resize_size: int, image_size: int) -> np.ndarray:
+    """Pixel boxes (N, 4: x1, y1, x2, y2) of a ``width`` x ``height`` image as the suite's image transform sees
+    them (short side resized to ``resize_size``, then a centre crop of ``image_size``; torchvision's rounding),
+    normalised to the crop and clipped to it; boxes left with no area are dropped."""
+    scale = resize_size / min(width, height)
+    new_w = resize_size if width <= height else int(resize_size * width / height)
+    new_h = resize_size if height <= width else int(resize_size * height / width)
+    left, top = int(round((new_w - image_size) / 2.0)), int(round((new_h - image_size) / 2.0))
+    xyxy = boxes.astype(np.float32) * np.float32(scale) - np.array([left, top, left, top], dtype=np.float32)
+    xyxy = np.clip(xyxy / np.float32(image_size), 0.0, 1.0)
+    return xyxy[(xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])]
 
 
 def read_npz_regions(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -128,11 +141,15 @@ class BoxStore:
 
     An image is found as :class:`RegionStore` finds it (file stem, or the number the stem ends with = VG's
     ``image_id``). Boxes come back normalised to [0, 1], at most ``max_boxes`` in file order (paper: up to
-    100 regions); an image without objects gets the whole-image box, so every image has a region.
+    100 regions): of the whole image, or with ``resize_size`` and ``image_size`` of the image as the suite's
+    transform crops it (:func:`crop_boxes`; boxes outside the crop dropped). An image without (remaining)
+    objects gets the whole-image box, so every image has a region.
     """
 
-    def __init__(self, objects_path: str | Path, max_boxes: int = 100):
+    def __init__(self, objects_path: str | Path, max_boxes: int = 100, resize_size: int | None = None,
+                 image_size: int | None = None):
         self.path = Path(objects_path)
+        self.crop = (resize_size, image_size) if resize_size and image_size else None
         if not self.path.is_file():
             raise MissingDataError(f"object boxes {self.path} do not exist. Expected {BOX_HINT}.")
         if max_boxes < 1:
@@ -157,7 +174,11 @@ class BoxStore:
             if image_id not in sizes:
                 raise MalformedDataError(f"{self.path}: image_id {image_id} has no size in {sizes_path}. Expected {BOX_HINT}.")
             xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
-            self.boxes[str(image_id)] = _normalise(xyxy, *sizes[image_id], f"{self.path} (image_id {image_id})")
+            w, h = sizes[image_id]
+            if w <= 0 or h <= 0:
+                raise MalformedDataError(f"{sizes_path}: image_id {image_id} has size {w}x{h}. Expected {BOX_HINT}.")
+            self.boxes[str(image_id)] = (crop_boxes(xyxy, w, h, *self.crop) if self.crop
+                                         else _normalise(xyxy, w, h, str(self.path), BOX_HINT))
 
     def load(self, image_path: str | Path) -> np.ndarray:
         """(N, 4) normalised boxes of one image."""

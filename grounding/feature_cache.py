@@ -51,9 +51,14 @@ def image_list_fingerprint(paths) -> list:
     return out
 
 
+def pixel_loader(dataset):
+    """``dataset``'s pixel ``load_image``, also while :func:`attach` has replaced it by cached maps."""
+    return getattr(dataset, "_pixel_load_image", dataset.load_image)
+
+
 def cache_key(backbone: torch.nn.Module, dataset, load_image=None) -> str:
     """Hash of everything that determines the features: backbone + weights, transform, image list."""
-    load_image = load_image or getattr(dataset, "_pixel_load_image", dataset.load_image)
+    load_image = load_image or pixel_loader(dataset)
     first = load_image(0) if len(dataset.image_paths) else torch.zeros(0)
     return sha1_of_json({
         "version": FORMAT_VERSION,
@@ -124,7 +129,7 @@ def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | 
     ``dataset`` needs ``image_paths`` and a pixel ``load_image(index)`` (contracts B). With
     ``build=False`` a missing cache raises FileNotFoundError (non-zero DDP ranks wait for rank 0).
     """
-    load_image = getattr(dataset, "_pixel_load_image", dataset.load_image)
+    load_image = pixel_loader(dataset)
     key = cache_key(backbone, dataset, load_image)
     root = Path(root) if root is not None else cache_dir() / "features"
     path = root / f"{getattr(backbone, 'name', 'backbone').replace(':', '_')}-{key[:16]}"

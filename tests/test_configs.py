@@ -121,7 +121,8 @@ def offline_overrides(path, world, tmp_path):
                   "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "captions_file": None}}
         args += ["--config", yaml.safe_dump({"data": {"init_args": {"captions": reader}}}),
                  f"--data.init_args.world_meta={world / 'world.json'}"]
-        args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in COMPOSER_OFFLINE.items()]
+        if str((model_args.get("net") or {}).get("class_path", "")).endswith(".Composer"):  # VSE has no attention widths
+            args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in COMPOSER_OFFLINE.items()]
         if data_args.get("region_boxes"):  # object boxes: the world's Visual Genome layout
             args.append(f"--data.init_args.region_boxes={world / 'visual_genome' / 'objects.json'}")
         if data_args.get("region_files"):  # detector regions as the paper's files: random ones for every image

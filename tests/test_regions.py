@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from test_composer_model import tiny_net
+from torchvision.transforms.functional import to_pil_image
 
-from data_modules.common import MalformedDataError, MissingDataError
+from data_modules.common import MalformedDataError, MissingDataError, build_transform
 from data_modules.regions import BoxStore, RegionStore, image_keys, read_npz_regions
 from grounding.composer.data import collate_visual
 from grounding.composer.model import box_regions
@@ -82,6 +83,24 @@ def test_object_boxes_from_visual_genome(tmp_path):
         BoxStore(_vg_boxes(tmp_path / "nosize", [{"image_id": 9, "objects": []}]))
     with pytest.raises(MissingDataError, match="object boxes .*missing.json do not exist"):
         BoxStore(tmp_path / "missing.json")
+
+
+def test_object_boxes_follow_the_resize_and_centre_crop(tmp_path):
+    # a 200 x 100 image: short side 100 -> 256 (x2.56, 512 x 256), centre crop 224 at left 144, top 16
+    objects = [{"image_id": 7, "objects": [{"x": 100, "y": 25, "w": 40, "h": 50},    # inside the crop
+                                           {"x": 0, "y": 0, "w": 50, "h": 100},     # left of the crop: dropped
+                                           {"x": 40, "y": 0, "w": 40, "h": 100}]}]  # straddles its left edge
+    store = BoxStore(_vg_boxes(tmp_path, objects, sizes=((7, 200, 100),)), resize_size=256, image_size=224)
+    expected = np.clip(np.array([[256 - 144, 64 - 16, 358.4 - 144, 192 - 16], [-41.6, -16, 204.8 - 144, 240]]) / 224, 0, 1)
+    np.testing.assert_allclose(store.load("7.jpg"), expected, rtol=1e-5)
+    image = torch.zeros(3, 100, 200)
+    image[:, 25:75, 100:140] = 1.0  # paint the first box and check it lands where the boxes say
+    crop = build_transform(224, 256, (0, 0, 0), (1, 1, 1))(to_pil_image(image))
+    x1, y1, x2, y2 = (store.load("7.jpg")[0] * 224).round().astype(int)
+    assert crop[0, y1 + 2:y2 - 2, x1 + 2:x2 - 2].min() > 0.9 and crop[0].sum() < 1.1 * crop[0, y1:y2, x1:x2].sum()
+    empty = BoxStore(_vg_boxes(tmp_path / "e", [{"image_id": 7, "objects": objects[0]["objects"][1:2]}],
+                               sizes=((7, 200, 100),)), resize_size=256, image_size=224)
+    assert empty.load("7.jpg").tolist() == [[0, 0, 1, 1]]  # every box outside the crop: the whole crop
 
 
 def test_images_with_boxes_are_padded_with_a_mask():

@@ -67,7 +67,7 @@ class TokenTables:
     the primitive encoder); captions without a CRG get their whole text as a fallback primitive.
     """
 
-    def __init__(self, graph: ConceptGraph, tokenizer, captions: list[str] | None = None):
+    def __init__(self, graph: ConceptGraph, tokenizer, captions: list[str] | None = None, max_length: int = 32):
         self.placeholder_base = len(tokenizer)
         marked = copy.deepcopy(tokenizer)  # the shared cached tokenizer stays unchanged
         marked.add_special_tokens({"additional_special_tokens": [f"[{t}]" for t in PLACEHOLDER_TYPES]})
@@ -96,6 +96,14 @@ class TokenTables:
         self.concept_primitive[prims] = np.arange(len(prims))
         self.caption_fallback = np.full(graph.n_captions, -1, dtype=np.int64)
         self.caption_fallback[failed] = len(prims) + np.arange(len(failed))
+        # Whole captions and concepts as "[CLS] text [SEP]" (up to ``max_length`` word pieces): the queries of
+        # the single-vector baselines (VSE, §5.2), which embed a caption or a phrase without its CRG.
+        self.caption_ids = self.concept_ids = None
+        if captions is not None and len(captions) == graph.n_captions:
+            tokenize = dict(add_special_tokens=True, truncation=True, max_length=max_length)
+            self.caption_ids, self.caption_indptr = _csr(tokenizer(list(captions), **tokenize)["input_ids"] if captions else [])
+            concepts = graph.concept_text.tolist()
+            self.concept_ids, self.concept_indptr = _csr(tokenizer(concepts, **tokenize)["input_ids"] if concepts else [])
 
 
 def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase_seed: int | None = None) -> dict:
@@ -178,8 +186,13 @@ def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase
         "app_pred": t(app_pred.reshape(-1)), "app_args": t(app_args),
         "template_ids": template_ids, "template_mask": template_mask, "placeholder_pos": placeholder_pos,
     }
+    if tables.caption_ids is not None:  # the whole captions' word pieces (the VSE baseline's text side)
+        out["caption_ids"], out["caption_mask"] = _pad(tables.caption_ids, tables.caption_indptr, captions)
     if phrase_seed is not None:
         out.update(_phrase_queries(graph, node_concept, node_caption, node_ptr, captions, is_root, phrase_seed))
+        if tables.concept_ids is not None:  # the phrase queries' own word pieces (VSE's phrase retrieval)
+            phrase_concepts = node_concept[out["phrase_node"].numpy()]
+            out["phrase_ids"], out["phrase_mask"] = _pad(tables.concept_ids, tables.concept_indptr, phrase_concepts)
     return out
 
 

@@ -231,7 +231,7 @@ class ComposerDataModule(GroundingDataModule):
         if self.region_files:
             self.regions = RegionStore(resolve_path(self.region_files))
         elif self.region_boxes:
-            self.regions = BoxStore(resolve_path(self.region_boxes), self.max_boxes)
+            self.regions = BoxStore(resolve_path(self.region_boxes), self.max_boxes, self.resize_size, self.image_size)
         for split in SPLITS:  # a test-only caption file (an MCD split) has empty train / val: empty graphs
             self.graphs[split] = self._split_graph(split, datasets[split])
         return datasets
@@ -246,7 +246,7 @@ class ComposerDataModule(GroundingDataModule):
         names = [p.name for p in images.image_paths]
         if not texts:  # an empty split (test-only caption file): nothing to parse or cache
             graph = ConceptGraph.build([], caption_image, names)
-            return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts), np.zeros(0, dtype=bool))
+            return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts, self.max_length), np.zeros(0, dtype=bool))
         source = f"{type(self.captions).__name__}:{self.captions.root}:{split}"
         graph, report = build_concept_graph(CaptionSet(names, texts, caption_image, source=source), backend=self.backend,
                                             workers=self.parse_workers, degrade_prob=self.degrade, seed=self.seed)
@@ -255,7 +255,7 @@ class ComposerDataModule(GroundingDataModule):
                  graph.n_concepts, graph.n_predicates, failed)
         compositional = (held_out_pair_mask(texts, resolve_path(self.world_meta)) if self.world_meta
                          else np.zeros(len(texts), dtype=bool))
-        return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts), compositional)
+        return SplitGraph(graph, TokenTables(graph, self.tokenizer, texts, self.max_length), compositional)
 
     @property
     def placeholder_base(self) -> int:
@@ -282,7 +282,9 @@ class ComposerDataModule(GroundingDataModule):
             # the sampler's seeded per-epoch caption draw, widened: choice mod n the positive, choice div n the hard one
             choices = choices * hard_draws(pool.shape[1], int(counts.max()))
             ptr = np.concatenate([[0], np.cumsum(counts)])
-            collate = _TrainCollate(self.graphs["train"], pool, ptr, np.concatenate(items.caption_ids).astype(np.int64))
+            # int32: every loader worker holds a copy (N x P; ~45 MB for COCO's 113k images at P = 100)
+            collate = _TrainCollate(self.graphs["train"], pool.astype(np.int32), ptr,
+                                    np.concatenate(items.caption_ids).astype(np.int64))
         sampler = _KeepSampler(EpochSampler(len(items), shuffle=True, seed=self.seed, num_choices=choices.tolist()), set(keep))
         return DataLoader(items, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
@@ -291,7 +293,7 @@ class ComposerDataModule(GroundingDataModule):
     def _hard_negative_pool(self, images: CaptionDataset, keep: list[int]) -> np.ndarray:
         """Every training image's nearest training images (:func:`training_pool`), computed when the train loader is
         made: after the run's weights are restored and the feature cache attached (whose maps it reuses). Under
-        DDP rank 0 builds (or reads) the cached pool and the other ranks read it."""
+        DDP rank 0 builds (or reads) the cached pool and broadcasts it to the other ranks."""
         trainer = self.trainer
         backbone = None
         if trainer is not None and not self.hard_negative_embeddings and not self.region_files:
@@ -300,13 +302,10 @@ class ComposerDataModule(GroundingDataModule):
                     embeddings_file=self.hard_negative_embeddings, regions=self.regions if self.region_files else None,
                     backbone=backbone, batch_size=self.eval_batch_size, num_workers=self.num_workers,
                     device=trainer.strategy.root_device if trainer is not None else "cpu")
-        zero = trainer is None or trainer.is_global_zero
-        pool = training_pool(**args) if zero else None
-        if trainer is not None and trainer.world_size > 1:
-            trainer.strategy.barrier("hard_negative_pool")
-            if not zero:
-                pool = training_pool(**args, build=False)
-        return pool
+        if trainer is None or trainer.world_size == 1:
+            return training_pool(**args)
+        # rank 0 builds (or reads) it and sends it: the other ranks need no shared filesystem (multi-node runs)
+        return trainer.strategy.broadcast(training_pool(**args) if trainer.is_global_zero else None, src=0)
 
     def _eval_loaders(self, split: str) -> list[DataLoader]:
         images = self._dataset(split)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from data_modules.common import MalformedDataError, MissingDataError
-from grounding.feature_cache import CachedFeatureLoader, cache_key
+from grounding.feature_cache import CachedFeatureLoader, cache_key, pixel_loader
 from grounding.paths import cache_dir, resolve_path
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
 
@@ -191,7 +191,7 @@ def backbone_embeddings(backbone: torch.nn.Module, dataset, indices: np.ndarray,
         maps = dataset.load_image.array
         return torch.cat([torch.from_numpy(np.asarray(maps[indices[s:s + chunk]], dtype=np.float32)).mean((2, 3))
                           for s in range(0, len(indices), chunk)]) if len(indices) else torch.zeros(0, maps.shape[1])
-    load_image = getattr(dataset, "_pixel_load_image", dataset.load_image)
+    load_image = pixel_loader(dataset)
     device = next(iter(backbone.parameters()), torch.zeros(0)).device
     loader = torch.utils.data.DataLoader(_Pixels(load_image, indices), batch_size=batch_size, num_workers=num_workers)
     was_training = backbone.training
@@ -227,8 +227,10 @@ def training_pool(dataset, images: np.ndarray, size: int, embeddings_file: str |
             return read_embeddings_file(file, names)
     elif regions is not None:
         root_path = Path(regions.root).resolve()
-        stat = root_path.stat()
-        source = {"kind": "regions", "root": str(root_path), "size": stat.st_size, "mtime": stat.st_mtime_ns}
+        # a TSV's own size and time; a folder's per-file ones (a file rewritten in place leaves the folder's alone)
+        files = [root_path] if root_path.is_file() else sorted(root_path.glob("*.npz"))
+        source = {"kind": "regions", "root": str(root_path),
+                  "files": sha1_of_json([(f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files])}
 
         def embed():
             return region_embeddings(regions, paths)

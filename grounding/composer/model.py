@@ -42,6 +42,33 @@ def box_regions(maps: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     return roi_align(maps, rois, output_size=1, aligned=True).reshape(b, n, -1)
 
 
+def region_backbone(region_source: str, backbone: str, backbone_weights: str | None,
+                    region_dim: int | None) -> tuple[nn.Module | None, int]:
+    """The frozen CNN a region source needs (none for detector ``files``) and the regions' feature width."""
+    if region_source not in REGION_SOURCES:
+        raise ValueError(f"region_source must be one of {REGION_SOURCES}; got {region_source!r}")
+    if region_source == "files":
+        if region_dim is None:
+            raise ValueError("region_source 'files' needs region_dim (the detector feature width, 2048 for Bottom-Up Attention)")
+        return None, region_dim
+    net = load_visual_backbone(backbone, backbone_weights, freeze=True)
+    return net, net.out_channels
+
+
+def region_features(region_source: str, backbone: nn.Module | None, dtype: torch.dtype, images=None, features=None,
+                    boxes=None, mask=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features (B,N,C), boxes (B,N,4), mask (B,N)) of a batch's regions: the grid cells of the backbone maps
+    (``grid``; pixels or cached maps), the RoI features of given ``boxes`` over them (``boxes``), or detector
+    ``features`` as read (``files``). Cached maps are float16: everything comes back in ``dtype``."""
+    if region_source != "files":
+        maps = (images if images.shape[1] != 3 else backbone(images)).to(dtype)
+        if region_source == "grid":
+            features, boxes, mask = grid_regions(maps)
+        else:
+            features = box_regions(maps, boxes.to(dtype))
+    return features.to(dtype), boxes.to(dtype), mask
+
+
 class RegionEmbedding(nn.Module):
     """ViLBERT's image embedding: a region feature and its 5-d location (x1/W, y1/H, x2/W, y2/H, area)."""
 
@@ -215,12 +242,7 @@ class Composer(RecordedNet):
         self.text_proj = nn.Identity() if dim == width else nn.Linear(width, dim)
         ffn_dim = ffn_dim or (bert.config.intermediate_size if dim == width else 4 * dim)
         self.dim = dim
-        self.backbone = None
-        if region_source != "files":
-            self.backbone = load_visual_backbone(backbone, backbone_weights, freeze=True)
-            region_dim = self.backbone.out_channels
-        if region_dim is None:
-            raise ValueError("region_source 'files' needs region_dim (the detector feature width, 2048 for Bottom-Up Attention)")
+        self.backbone, region_dim = region_backbone(region_source, backbone, backbone_weights, region_dim)
         self.regions = RegionEmbedding(region_dim, dim, dropout)
         self.primitive_encoder = PrimitiveEncoder(dim, heads, ffn_dim, dropout, primitive_cross_attention, norm_first)
         self.modulator = Modulator(dim, modulator_hidden or dim, modulator)
@@ -232,14 +254,9 @@ class Composer(RecordedNet):
                       boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """Region tokens (B,N,d) and mask (B,N): from pixels or cached backbone maps (``grid``), or from
         region ``features``/``boxes``/``mask`` (``files``; ``boxes``: RoI-aligned from ``images``)."""
-        dtype = self.regions.feature.weight.dtype  # cached maps are stored in float16
-        if self.region_source == "grid":
-            maps = (images if images.shape[1] != 3 else self.backbone(images)).to(dtype)
-            features, boxes, mask = grid_regions(maps)
-        elif self.region_source == "boxes":
-            maps = (images if images.shape[1] != 3 else self.backbone(images)).to(dtype)
-            features = box_regions(maps, boxes.to(dtype))
-        return self.regions(features.to(dtype), boxes.to(dtype)), mask
+        features, boxes, mask = region_features(self.region_source, self.backbone, self.regions.feature.weight.dtype,
+                                                images, features, boxes, mask)
+        return self.regions(features, boxes), mask
 
     def word_pieces(self, ids: torch.Tensor) -> torch.Tensor:
         """The text encoder's word-piece embeddings (word + position + LayerNorm): the primitives' queries."""

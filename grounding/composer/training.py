@@ -25,44 +25,20 @@ from .model import Composer, expand_counts
 HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
 
-class ComposerTraining(GroundingModule):
-    """COMPOSER on a :class:`grounding.composer.data.ComposerDataModule`.
-
-    ``mvsa_loss``: ``hinge`` (paper, margin ``mvsa_margin`` α = 0.8) | ``nll`` | null (off; Table 5).
-    ``mvsa_weight`` / ``order_weight``: λ₁, λ₂ (paper 1, 1; 0 turns a term off), ``order_margin`` β = 0.2.
-    ``concept_reduction``: ``sum`` over a caption's concepts and edges (paper) or ``mean`` (see losses).
-    ``hard_negatives``: ``pool`` (paper: the batch's ``hard_caption`` rows, a caption of one of x_i's nearest
-    training images; the DataModule's ``hard_negatives`` must be ``pool`` too, linked in grounding/cli.py),
-    ``batch`` (the in-batch image nearest by mean region feature) or ``random``.
-    ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
+class RegionRetrievalModule(GroundingModule):
+    """What COMPOSER and its baselines (:mod:`grounding.composer.baselines`) share on a
+    :class:`grounding.composer.data.ComposerDataModule`: the DataModule checks, region tokens from the network's
+    ``embed_regions`` (grid / boxes / detector files, the frozen backbone for the feature cache), and the
+    evaluation over the two eval loaders (the split's images, then caption batches scored against every image
+    by :meth:`score_caption_batch`) with :func:`composer_metrics`. The network must expose ``backbone``,
+    ``region_source``, ``placeholder_base`` and ``embed_regions``.
     """
 
     monitor = "val/rsum"
     monitor_mode = "max"
 
-    def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
-                 order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
-                 hard_negatives: str = "batch",
-                 rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
-                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
-                 lr_scheduler: LRSchedulerCallable | None = None):
+    def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
-        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
-            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
-        if hard_negatives not in HARD_NEGATIVES:
-            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVES}; got {hard_negatives!r}")
-        # Evaluation knobs stay out of the checkpoint: LightningCLI re-applies a checkpoint's hyperparameters
-        # over the command line, and `test --ckpt_path ... --model.init_args.rerank_top_k K` must take effect.
-        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "eval_image_chunk"])
-        self.net = self.adopt_net(net)
-        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
-        self.order_margin, self.order_weight = order_margin, order_weight
-        self.concept_reduction = concept_reduction
-        self.hard_negatives = hard_negatives
-        self.rerank_top_k, self.eval_image_chunk = rerank_top_k, eval_image_chunk
-        # detector regions from files have no frozen CNN to cache
-        self.feature_cache = feature_cache and self.net.backbone is not None
-        self.feature_cache_dir = feature_cache_dir
         self._eval: dict[str, dict[str, list]] = {}
 
     def setup(self, stage: str) -> None:
@@ -88,6 +64,106 @@ class ComposerTraining(GroundingModule):
         detector regions (``files``)."""
         return self.net.embed_regions(batch.get("images"), batch.get("region_features"), batch.get("region_boxes"),
                                       batch.get("region_mask"))
+
+    # ---------------------------------------------------------------- evaluation
+    def score_caption_batch(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor,
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(sentence scores (I, C), phrase scores (I, Q) or None) of one caption batch against all I images."""
+        raise NotImplementedError
+
+    def _eval_step(self, batch, dataloader_idx: int, split: str):
+        store = self._eval.setdefault(split, {"regions": [], "mask": [], "image_index": [], "captions": []})
+        if dataloader_idx == 0:  # the split's images: region tokens
+            regions, mask = self.regions(batch)
+            store["regions"].append(regions.detach())
+            store["mask"].append(mask)
+            store["image_index"].append(batch["image_index"])
+        else:  # caption batches, composed with every image at the epoch's end
+            store["captions"].append({k: v.cpu() for k, v in batch.items()})
+
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx, "val")
+
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx, "test")
+
+    def on_validation_epoch_end(self):
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self):
+        self._eval_epoch_end("test")
+
+    def _eval_epoch_end(self, split: str):
+        store = self._eval.pop(split, None)
+        if not store or not store["regions"] or not store["captions"]:
+            return
+        regions, mask = torch.cat(store["regions"]), torch.cat(store["mask"])
+        image_index = torch.cat(store["image_index"])
+        # captions are sharded over ranks, images gathered: each rank scores its captions against all images
+        regions, mask, image_index = (gdist.gather_no_grad(t) for t in (regions, mask, image_index))
+        image_index, first = _unique_first(image_index)
+        regions, mask = regions[first], mask[first]
+        sentence, caption_ids, caption_image, compositional = [], [], [], []
+        hit_batches = []
+        for batch in store["captions"]:
+            s, p = self.score_caption_batch(batch, regions, mask)
+            sentence.append(s.T)
+            caption_ids.append(batch["captions"].to(s.device))
+            caption_image.append(batch["caption_image_index"].to(s.device))
+            compositional.append(batch["compositional"].to(s.device))
+            if "phrase_node" in batch and p is not None:
+                top = image_index[p.argmax(0)].cpu() if p.shape[1] else torch.zeros(0, dtype=torch.long)
+                hit_batches.append(phrase_hits(top, batch["phrase_denotation_ptr"], batch["phrase_denotation"]))
+        sentence = gdist.gather_no_grad(torch.cat(sentence))  # (C, I)
+        caption_ids = gdist.gather_no_grad(torch.cat(caption_ids))
+        caption_image = gdist.gather_no_grad(torch.cat(caption_image))
+        compositional = gdist.gather_no_grad(torch.cat(compositional))
+        hits = gdist.gather_no_grad(torch.cat(hit_batches).to(sentence.device).float()) if hit_batches else None
+        caption_ids, keep = _unique_first(caption_ids)
+        # with limit_*_batches only some images were embedded: score the captions of those images
+        keep = keep[torch.isin(caption_image[keep], image_index.to(caption_image.device))]
+        rows = torch.searchsorted(image_index.to(caption_image.device), caption_image[keep])
+        metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
+                                   phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
+        for key, value in metrics.items():
+            self.log(f"{split}/{key}", value, prog_bar=key == "rsum", rank_zero_only=False, sync_dist=False)
+
+
+class ComposerTraining(RegionRetrievalModule):
+    """COMPOSER on a :class:`grounding.composer.data.ComposerDataModule`.
+
+    ``mvsa_loss``: ``hinge`` (paper, margin ``mvsa_margin`` α = 0.8) | ``nll`` | null (off; Table 5).
+    ``mvsa_weight`` / ``order_weight``: λ₁, λ₂ (paper 1, 1; 0 turns a term off), ``order_margin`` β = 0.2.
+    ``concept_reduction``: ``sum`` over a caption's concepts and edges (paper) or ``mean`` (see losses).
+    ``hard_negatives``: ``pool`` (paper: the batch's ``hard_caption`` rows, a caption of one of x_i's nearest
+    training images; the DataModule's ``hard_negatives`` must be ``pool`` too, linked in grounding/cli.py),
+    ``batch`` (the in-batch image nearest by mean region feature) or ``random``.
+    ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
+    """
+
+    def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
+                 order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
+                 hard_negatives: str = "batch",
+                 rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
+                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
+                 lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler)
+        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
+            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
+        if hard_negatives not in HARD_NEGATIVES:
+            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVES}; got {hard_negatives!r}")
+        # Evaluation knobs stay out of the checkpoint: LightningCLI re-applies a checkpoint's hyperparameters
+        # over the command line, and `test --ckpt_path ... --model.init_args.rerank_top_k K` must take effect.
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "eval_image_chunk"])
+        self.net = self.adopt_net(net)
+        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
+        self.order_margin, self.order_weight = order_margin, order_weight
+        self.concept_reduction = concept_reduction
+        self.hard_negatives = hard_negatives
+        self.rerank_top_k, self.eval_image_chunk = rerank_top_k, eval_image_chunk
+        # detector regions from files have no frozen CNN to cache
+        self.feature_cache = feature_cache and self.net.backbone is not None
+        self.feature_cache_dir = feature_cache_dir
 
     # ---------------------------------------------------------------- training
     def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor,
@@ -162,63 +238,9 @@ class ComposerTraining(GroundingModule):
                 self.log(f"train/{name}", losses[name], batch_size=b)
         return losses["loss"]
 
-    # ---------------------------------------------------------------- evaluation
-    def _eval_step(self, batch, dataloader_idx: int, split: str):
-        store = self._eval.setdefault(split, {"regions": [], "mask": [], "image_index": [], "captions": []})
-        if dataloader_idx == 0:  # the split's images: region tokens
-            regions, mask = self.regions(batch)
-            store["regions"].append(regions.detach())
-            store["mask"].append(mask)
-            store["image_index"].append(batch["image_index"])
-        else:  # caption batches, composed with every image at the epoch's end
-            store["captions"].append({k: v.cpu() for k, v in batch.items()})
-
-    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        self._eval_step(batch, dataloader_idx, "val")
-
-    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        self._eval_step(batch, dataloader_idx, "test")
-
-    def on_validation_epoch_end(self):
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self):
-        self._eval_epoch_end("test")
-
-    def _eval_epoch_end(self, split: str):
-        store = self._eval.pop(split, None)
-        if not store or not store["regions"] or not store["captions"]:
-            return
-        regions, mask = torch.cat(store["regions"]), torch.cat(store["mask"])
-        image_index = torch.cat(store["image_index"])
-        # captions are sharded over ranks, images gathered: each rank scores its captions against all images
-        regions, mask, image_index = (gdist.gather_no_grad(t) for t in (regions, mask, image_index))
-        image_index, first = _unique_first(image_index)
-        regions, mask = regions[first], mask[first]
-        sentence, caption_ids, caption_image, compositional = [], [], [], []
-        hit_batches = []
-        for batch in store["captions"]:
-            s, p = score_captions(self.net, batch, regions, mask, self.eval_image_chunk, self.rerank_top_k)
-            sentence.append(s.T)
-            caption_ids.append(batch["captions"].to(s.device))
-            caption_image.append(batch["caption_image_index"].to(s.device))
-            compositional.append(batch["compositional"].to(s.device))
-            if "phrase_node" in batch:
-                top = image_index[p.argmax(0)].cpu() if p.shape[1] else torch.zeros(0, dtype=torch.long)
-                hit_batches.append(phrase_hits(top, batch["phrase_denotation_ptr"], batch["phrase_denotation"]))
-        sentence = gdist.gather_no_grad(torch.cat(sentence))  # (C, I)
-        caption_ids = gdist.gather_no_grad(torch.cat(caption_ids))
-        caption_image = gdist.gather_no_grad(torch.cat(caption_image))
-        compositional = gdist.gather_no_grad(torch.cat(compositional))
-        hits = gdist.gather_no_grad(torch.cat(hit_batches).to(sentence.device).float()) if hit_batches else None
-        caption_ids, keep = _unique_first(caption_ids)
-        # with limit_*_batches only some images were embedded: score the captions of those images
-        keep = keep[torch.isin(caption_image[keep], image_index.to(caption_image.device))]
-        rows = torch.searchsorted(image_index.to(caption_image.device), caption_image[keep])
-        metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
-                                   phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
-        for key, value in metrics.items():
-            self.log(f"{split}/{key}", value, prog_bar=key == "rsum", rank_zero_only=False, sync_dist=False)
+    def score_caption_batch(self, batch, regions, region_mask):
+        """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``)."""
+        return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k)
 
 
 def _unique_first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

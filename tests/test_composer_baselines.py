@@ -1,0 +1,139 @@
+"""COMPOSER's VSE baseline (§5.2): the VSE++ hinge loss by hand, the network's pooling, a training step and the
+evaluation against grounding.retrieval on hand-made Concept & Relation Graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_composer_model import tiny_graph
+
+from grounding.composer.baselines import VSE, VSETraining
+from grounding.composer.batch import composition_batch
+from grounding.composer.data import SplitGraph
+from grounding.composer.evaluation import phrase_hits
+from grounding.encoders import load_tokenizer
+from grounding.losses import vse_hinge_loss
+from grounding.retrieval import retrieval_metrics
+
+# rows: images, columns: captions; the diagonal holds the positives
+S = torch.tensor([[0.9, 0.5, 0.1],
+                  [0.3, 0.6, 0.65],
+                  [0.85, 0.3, 0.4]])
+
+
+def tiny_vse(**kw):
+    torch.manual_seed(0)
+    args = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, image_layers=2, dropout=0.0)
+    return VSE(**{**args, **kw}).eval()
+
+
+def test_vse_hinge_loss_hand_computed():
+    # α = 0.2. Caption negatives of image i: [α − S_ii + S_ic]₊ -> row 0: 0, 0; row 1: 0, .25; row 2: .65, .1.
+    # Image negatives of caption i: [α − S_ii + S_ji]₊ -> column 0: 0, .15; column 1: .1, 0; column 2: 0, .45.
+    hardest = vse_hinge_loss(S, 0.2)  # max per row / column: (0 + .25 + .65) + (.15 + .1 + .45)
+    summed = vse_hinge_loss(S, 0.2, hardest=False)  # (.25 + .65 + .1) + (.15 + .1 + .45)
+    assert hardest.item() == pytest.approx(1.6)
+    assert summed.item() == pytest.approx(1.7)
+    assert vse_hinge_loss(torch.eye(3), 0.2).item() == 0.0  # every positive beats every negative by 1 > α
+    with pytest.raises(ValueError, match="square"):
+        vse_hinge_loss(S[:2], 0.2)
+
+
+def test_vse_shapes_and_masked_means_ignore_padding():
+    net = tiny_vse()
+    tok = load_tokenizer("tiny-random")
+    enc = tok(["a dog", "two red cats on grass"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    text = net.encode_texts(ids, mask)
+    assert text.shape == (2, net.dim) and torch.allclose(text.norm(dim=-1), torch.ones(2))
+    # more padding (with arbitrary ids) changes nothing
+    padded_ids = torch.cat([ids, torch.full((2, 3), 7)], 1)
+    padded_mask = torch.cat([mask, torch.zeros(2, 3, dtype=torch.bool)], 1)
+    assert torch.allclose(net.encode_texts(padded_ids, padded_mask), text, atol=1e-6)
+    regions, region_mask = net.embed_regions(torch.randn(3, 3, 32, 32))
+    assert regions.shape[0] == 3 and regions.shape[2] == net.dim and region_mask.all()
+    images = net.encode_images(regions, region_mask)
+    garbage = torch.cat([regions, 100 * torch.randn(3, 2, net.dim)], 1)
+    garbage_mask = torch.cat([region_mask, torch.zeros(3, 2, dtype=torch.bool)], 1)
+    assert torch.allclose(net.encode_images(garbage, garbage_mask), images, atol=1e-6)
+    assert torch.allclose(net(regions, region_mask, ids, mask), images @ text.T)
+    assert net(regions, region_mask, ids, mask).shape == (3, 2)
+
+
+def test_vse_files_regions_and_bad_source():
+    net = tiny_vse(region_source="files", region_dim=6)
+    assert net.backbone is None
+    features, boxes = torch.randn(2, 4, 6), torch.rand(2, 4, 4)
+    regions, mask = net.embed_regions(None, features, boxes, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool))
+    assert regions.shape == (2, 4, net.dim) and mask.sum().item() == 6
+    with pytest.raises(ValueError, match="region_dim"):
+        tiny_vse(region_source="files")
+    with pytest.raises(ValueError, match="region_source"):
+        tiny_vse(region_source="pixels")
+
+
+def test_batch_carries_whole_captions_and_phrase_texts():
+    graph, tables, texts = tiny_graph(failed=True)
+    b = composition_batch(graph, tables, [3, 1], phrase_seed=0)
+    tok = load_tokenizer("tiny-random")
+    for row, cap in enumerate([3, 1]):
+        assert b["caption_ids"][row][b["caption_mask"][row]].tolist() == tok(texts[cap])["input_ids"]
+    concepts = b["node_concept"][b["phrase_node"]]
+    for row, c in enumerate(concepts.tolist()):
+        assert b["phrase_ids"][row][b["phrase_mask"][row]].tolist() == tok(graph.concept_text[c])["input_ids"]
+
+
+def _train_batch(graph, tables, captions):
+    torch.manual_seed(1)
+    b = composition_batch(graph, tables, captions)
+    b["images"], b["image_index"] = torch.randn(len(captions), 3, 32, 32), torch.arange(len(captions))
+    return b
+
+
+def test_training_step_backpropagates_into_both_towers():
+    graph, tables, _ = tiny_graph()
+    module = VSETraining(tiny_vse().train(), margin=1.0)  # α = 1: every negative violates at initialisation
+    losses = module.compute_losses(_train_batch(graph, tables, [0, 1, 2]))
+    assert losses["loss"] > 0
+    losses["loss"].backward()
+    net = module.net
+    for part in (net.text_encoder, net.region_proj, net.image_mlp):
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+    assert all(p.grad is None for p in net.backbone.parameters())  # the frozen backbone
+
+
+def test_evaluation_equals_retrieval_metrics(monkeypatch):
+    graph, tables, _ = tiny_graph()
+    split = SplitGraph(graph, tables, np.zeros(graph.n_captions, dtype=bool))
+    module = VSETraining(tiny_vse())
+    logged = {}
+    monkeypatch.setattr(module, "log", lambda key, value, **kw: logged.__setitem__(key, value))
+    images = {"images": torch.randn(3, 3, 32, 32), "image_index": torch.arange(3)}
+    captions = split.batch([0, 1, 2], phrase_seed=0)
+    with torch.no_grad():
+        module.test_step(images, 0, dataloader_idx=0)
+        module.test_step(captions, 0, dataloader_idx=1)
+        module.on_test_epoch_end()
+        regions, mask = module.net.embed_regions(images["images"])
+        sim = module.net(regions, mask, captions["caption_ids"], captions["caption_mask"])
+        phrases = module.net.encode_images(regions, mask) @ module.net.encode_texts(captions["phrase_ids"],
+                                                                                   captions["phrase_mask"]).T
+    expected = retrieval_metrics(sim, captions["caption_image_index"])
+    for key, value in expected.items():
+        assert logged[f"test/{key}"] == pytest.approx(value)
+    hits = phrase_hits(phrases.argmax(0), captions["phrase_denotation_ptr"], captions["phrase_denotation"])
+    assert logged["test/phrase_r1"] == pytest.approx(100.0 * hits.float().mean().item())
+
+
+def test_sum_negatives_warm_up_before_the_hardest():
+    graph, tables, _ = tiny_graph()
+    batch = _train_batch(graph, tables, [0, 1, 2])
+    net = tiny_vse()
+    with torch.no_grad():
+        regions, mask = net.embed_regions(batch["images"])
+        sim = net(regions, mask, batch["caption_ids"], batch["caption_mask"])
+        warm = VSETraining(net, margin=1.0, sum_negatives_epochs=1).compute_losses(batch)["loss"]  # epoch 0 < 1
+        hard = VSETraining(net, margin=1.0).compute_losses(batch)["loss"]
+    assert warm.item() == pytest.approx(vse_hinge_loss(sim, 1.0, hardest=False).item(), rel=1e-5)
+    assert hard.item() == pytest.approx(vse_hinge_loss(sim, 1.0).item(), rel=1e-5)
