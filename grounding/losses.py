@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grounding.precision import full_precision
 
+
+@full_precision
 def cross_modal_contrastive_loss(similarity: torch.Tensor, temperature: float | torch.Tensor = 0.1,
                                  use_loss_l: bool = True, use_loss_v: bool = True,
                                  combine: str = "sum") -> dict[str, torch.Tensor]:
@@ -38,6 +41,7 @@ def cross_modal_contrastive_loss(similarity: torch.Tensor, temperature: float | 
     return {"loss": loss, "loss_l": loss_l, "loss_v": loss_v}
 
 
+@full_precision
 def vse_hinge_loss(similarity: torch.Tensor, margin: float = 0.2, hardest: bool = True) -> torch.Tensor:
     """VSE's triplet ranking loss (Kiros et al., 2014) with VSE++'s hardest negatives (Faghri et al., 2018, Eq. 5):
     Σ_i max_c [α − s(i, i) + s(i, c)]₊ + max_j [α − s(i, i) + s(j, i)]₊ over the batch's positives (i, i), the

@@ -17,6 +17,7 @@ from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import RecordedNet
+from grounding.precision import dot_similarity
 from grounding.vgbert.streams import LanguageStream, VisualStream
 
 
@@ -81,7 +82,7 @@ class DualEncoderBaseline(CaptionRetrievalModule):
         return self.model.encode_texts(input_ids, attention_mask), attention_mask.bool()
 
     def batch_similarity(self, img, txt, mask):
-        return img @ txt.t()
+        return dot_similarity(img, txt)
 
     def compute_loss(self, similarity):
         self.log("train/temperature", self.temperature.detach())

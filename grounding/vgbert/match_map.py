@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grounding.precision import full_precision
+
 REDUCTIONS = ("sum", "mean")
 
 
@@ -40,6 +42,7 @@ def _scores_block(visual: torch.Tensor, words: torch.Tensor, word_mask: torch.Te
     return s
 
 
+@full_precision
 def match_map_scores(visual: torch.Tensor, words: torch.Tensor, word_mask: torch.Tensor, reduction: str = "sum",
                      max_elements: int = 1 << 28) -> torch.Tensor:
     """S(V_a, L_b) for every image a and caption b (Eq. 1): (I,h,w,d)|(I,N,d) x (J,T,d) -> (I,J).

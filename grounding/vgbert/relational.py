@@ -29,6 +29,7 @@ from torch import nn
 
 from grounding.encoders import load_tokenizer
 from grounding.nets import RecordedNet
+from grounding.precision import full_precision
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
 QUERY_POOLING = ("tokens", "mean")
@@ -248,6 +249,7 @@ class BilinearRelation(nn.Module):
         return bilinear_scores(r_s, r_o, self.relation_operator)
 
 
+@full_precision
 def bilinear_scores(r_s: torch.Tensor, r_o: torch.Tensor, operators: torch.Tensor) -> torch.Tensor:
     """(N, d) x (P, d, d) x (N, d) -> (N, P): S[n, p] = r_s[n] · R_p · r_o[n]ᵀ."""
     return torch.einsum("nd,pde,ne->np", r_s, operators, r_o)
@@ -282,6 +284,7 @@ def pair_relation_mask(subject: torch.Tensor, object: torch.Tensor, predicate: t
     return per_pair[pair]
 
 
+@full_precision
 def relation_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
                   holds: torch.Tensor | None = None) -> torch.Tensor:
     """Loss_rel (Eq. 4): anchor = a subject-object pair, positive = R of its relation, negatives =
@@ -296,6 +299,7 @@ def relation_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: fl
     return F.cross_entropy(logits, predicate)
 
 
+@full_precision
 def object_pair_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
                      holds: torch.Tensor | None = None) -> torch.Tensor:
     """Loss_obj (Eq. 5): anchor = relation p_n of triplet n, positive = pair n, negatives = the

@@ -25,6 +25,7 @@ from grounding.checkpoints import CheckpointError, load_submodules, read_checkpo
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import net_hparams
+from grounding.precision import dot_similarity
 from grounding.retrieval import retrieval_metrics
 from grounding.vgbert.relational import VGBertRelational
 
@@ -196,7 +197,7 @@ class SearchHeads(GroundingModule):
     def training_step(self, batch, batch_idx):
         q_i = gdist.gather_with_grad(self.encode_images(batch["images"]))
         q_w = gdist.gather_with_grad(self.encode_texts(batch["input_ids"], batch["attention_mask"]))
-        losses = cross_modal_contrastive_loss(q_i @ q_w.t(), self.hparams.temperature, combine="mean")
+        losses = cross_modal_contrastive_loss(dot_similarity(q_i, q_w), self.hparams.temperature, combine="mean")
         b = q_i.shape[0]
         for k, v in losses.items():
             self.log(f"train/{k}", v, prog_bar=k == "loss", batch_size=b)
