@@ -19,6 +19,7 @@ from grounding.encoders import load_text_encoder
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import vse_hinge_loss
 from grounding.nets import RecordedNet
+from grounding.precision import dot_similarity
 
 from .model import region_backbone, region_features
 from .training import RegionRetrievalModule
@@ -93,7 +94,7 @@ class VSE(RecordedNet):
     def forward(self, regions: torch.Tensor, region_mask: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                 ) -> torch.Tensor:
         """s(x, y) = cos(x, y) of every (image, caption): (B_images, B_captions)."""
-        return self.encode_images(regions, region_mask) @ self.encode_texts(ids, mask).T
+        return dot_similarity(self.encode_images(regions, region_mask), self.encode_texts(ids, mask))
 
 
 class VSETraining(RegionRetrievalModule):
@@ -141,9 +142,9 @@ class VSETraining(RegionRetrievalModule):
         """cos(x, y) of every image and caption of the batch, and of every image and phrase query."""
         images = self.net.encode_images(regions, region_mask)
         dev = regions.device
-        sentence = images @ self.net.encode_texts(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev)).T
+        sentence = dot_similarity(images, self.net.encode_texts(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev)))
         phrases = None
         if "phrase_ids" in batch:
             ids, mask = batch["phrase_ids"].to(dev), batch["phrase_mask"].to(dev)
-            phrases = images @ self.net.encode_texts(ids, mask).T if len(ids) else images.new_zeros(len(images), 0)
+            phrases = dot_similarity(images, self.net.encode_texts(ids, mask)) if len(ids) else images.new_zeros(len(images), 0)
         return sentence, phrases
