@@ -24,7 +24,7 @@ CLI := $(PY) -m grounding
 
 .PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate composer-splits \
-        composer-cost
+        composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -156,6 +156,46 @@ demo-composer: install  ## COMPOSER on the embedded world: its CRG, an MCD split
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
 	$(MAKE) --no-print-directory composer
+
+# COMPOSER's baselines (§5.2, Table 5) on the same data, regions and evaluation: fit, then test. World configs by
+# default (the world is made first when missing); e.g. `make vilbert VILBERT_CONFIG=experiments/composer/vilbert_flickr8k.yaml
+# VILBERT_OUT=outputs/composer/vilbert_flickr8k` on the real Flickr8k photos.
+VSE_CONFIG ?= experiments/composer/vse_world.yaml
+VSE_OUT ?= outputs/composer/vse_world
+VILBERT_CONFIG ?= experiments/composer/vilbert_world.yaml
+VILBERT_OUT ?= outputs/composer/vilbert_world
+VILBERT_MVSA_CONFIG ?= experiments/composer/vilbert_mvsa_world.yaml
+VILBERT_MVSA_OUT ?= outputs/composer/vilbert_mvsa_world
+define fit_and_test
+	$(if $(findstring world,$(1)),test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world)
+	$(CLI) fit --config $(1) --trainer.default_root_dir $(2) $(3)
+	$(CLI) test --config $(1) --trainer.default_root_dir $(2) --ckpt_path $(2)/checkpoints/last.ckpt
+endef
+
+vse: install  ## COMPOSER's VSE baseline (VSE++ hinge over the hardest in-batch negatives): fit, then test
+	$(call fit_and_test,$(VSE_CONFIG),$(VSE_OUT),$(VSE_ARGS))
+
+vilbert: install  ## COMPOSER's ViLBERT-style cross-encoder baseline (4-way NLL, hard negatives): fit, then test
+	$(call fit_and_test,$(VILBERT_CONFIG),$(VILBERT_OUT),$(VILBERT_ARGS))
+
+vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder plus the concept-level hinge: fit, then test
+	$(call fit_and_test,$(VILBERT_MVSA_CONFIG),$(VILBERT_MVSA_OUT),$(VILBERT_MVSA_ARGS))
+
+# One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
+# .png). The demo's models are made by `make demo` when missing, then the COMPOSER baselines.
+LEADERBOARD ?= experiments/leaderboard/world.yaml
+leaderboard: install  ## every retrieval model of the suite on the world's test split, one table + bar chart (makes missing models first)
+	@test -f $(STAGE3_OUT)/checkpoints/last.ckpt -a -f $(COMPOSER_OUT)/checkpoints/last.ckpt -a -f $(SEMCLIP_OUT)/transform.pt \
+	  || { echo "the demo's models are missing: running make demo first"; $(MAKE) --no-print-directory demo; }
+	@test -f $(VSE_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vse
+	@test -f $(VILBERT_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert
+	@test -f $(VILBERT_MVSA_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert-mvsa
+	$(PY) -m grounding.leaderboard --config $(LEADERBOARD) $(LEADERBOARD_ARGS)
+
+leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test photos (+ MCD split); a missing model is a row naming its command
+	@test -f outputs/composer/mcd_flickr8k_photos/mcd.json || \
+	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k_photos.yaml
+	$(PY) -m grounding.leaderboard --config experiments/leaderboard/flickr8k.yaml $(LEADERBOARD_ARGS)
 
 # COMPOSER on its MCD split and the graded splits (§5.1, Fig. 4): the world checkpoint of `make composer` tested
 # on every split of `make demo-composer`'s mcd_world (each made first when missing); table + plot in the report folder.

@@ -11,7 +11,7 @@ from torch import nn
 
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.retrieval import retrieval_metrics
+from grounding.retrieval import RetrievalScores, retrieval_metrics
 
 
 class CaptionRetrievalModule(GroundingModule):
@@ -31,6 +31,7 @@ class CaptionRetrievalModule(GroundingModule):
         self.feature_cache_dir = feature_cache_dir
         self.eval_fold_size = eval_fold_size
         self._eval: dict[str, list] = {}
+        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
 
     def frozen_backbone(self) -> nn.Module:
         """The frozen CNN whose maps the feature-cache callback stores (``model.visual.backbone``)."""
@@ -94,6 +95,8 @@ class CaptionRetrievalModule(GroundingModule):
         with torch.no_grad():
             scores = self.eval_scores(img, txt, mask)
         metrics = retrieval_metrics(scores, rows, fold_size=self.eval_fold_size)
+        # columns in loader order: each image's captions in file order, images in split order
+        self.scored[split] = RetrievalScores(scores.float().cpu(), rows.cpu(), torch.arange(len(rows)))
         for k, v in metrics.items():
             self.log(f"{split}/{k}", v, prog_bar=k == "rsum", rank_zero_only=False, sync_dist=False)
 

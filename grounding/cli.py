@@ -10,11 +10,15 @@ so a tiny config is the paper config plus overrides.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import logging
 import os
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
@@ -159,6 +163,76 @@ def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
               + "; name an existing config file, relative to this one.", file=sys.stderr)
         raise SystemExit(2)
     return _config_chain(str(base), (*seen, str(base))) + ["--config", yaml.safe_dump(cfg, sort_keys=False)]
+
+
+QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
+# Lightning warnings every programmatic test run would repeat: the checkpoint's callback folder differs from
+# the run's (nothing is saved there), and a torch-version deprecation inside Lightning
+QUIET_WARNINGS = ("The dirpath has changed", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+class ConfigError(ValueError):
+    """A stage config that ``python -m grounding`` cannot parse (one line for the user)."""
+
+
+@contextlib.contextmanager
+def quiet_cli():
+    """A subcommand run from Python: Lightning's info lines (devices, tips) and the warnings of
+    :data:`QUIET_WARNINGS` off, and the calling command's own arguments hidden from LightningCLI (which
+    warns when it sees both ``args`` and ``sys.argv``)."""
+    loggers = [logging.getLogger(n) for n in QUIET_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    argv = sys.argv
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    sys.argv = argv[:1]
+    try:
+        with warnings.catch_warnings():
+            for message in QUIET_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        sys.argv = argv
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def resolved_config(config: str | Path, overrides: Sequence[dict] = ()) -> dict:
+    """A stage config as ``python -m grounding test`` resolves it (``base:`` chain, shared trainer config,
+    links, then ``overrides`` as further configs), parsed only: nothing is built. Raises :class:`ConfigError`."""
+    config = Path(config)
+    if not config.is_file():
+        raise ConfigError(f"{config}: no such config file")
+    out, err = io.StringIO(), io.StringIO()
+    args = ["test", "--config", str(config)]
+    for extra in overrides:
+        args += ["--config", yaml.safe_dump(extra)]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), quiet_cli():
+        try:
+            main([*args, "--print_config"])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+    if code:
+        last = next((ln for ln in reversed(err.getvalue().splitlines()) if ln.strip()), "parse failed")
+        raise ConfigError(f"{config}: `python -m grounding test` cannot parse it: {last.strip()}")
+    return yaml.safe_load(out.getvalue())
+
+
+def run_test_subcommand(config: str | Path, ckpt: str | Path, workdir: str | Path, overrides: Sequence[dict] = (),
+                    extra_args: Sequence[str] = ()) -> GroundingCLI:
+    """``python -m grounding test --config <config> [--config <override>...] --ckpt_path <ckpt>`` from Python, on
+    one device, without a logger or callbacks, writing nothing but its config under ``workdir``. The returned
+    CLI holds the trainer (``callback_metrics``), the model and the DataModule of the run."""
+    args = ["test", "--config", str(config)]
+    for extra in overrides:
+        args += ["--config", yaml.safe_dump(extra)]
+    args += ["--ckpt_path", str(ckpt), "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.devices=1",
+             "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={workdir}", "--verbose=false",
+             *extra_args]
+    with quiet_cli():
+        return main(args)
 
 
 def main(args=None) -> GroundingCLI:

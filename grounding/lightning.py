@@ -10,15 +10,22 @@ implement ``frozen_backbone()``.
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grounding.feature_cache import FeatureCache
 from grounding.nets import as_net, net_spec
+from grounding.utils.io import atomic_write_json
+
+FIT_RECORD = "fit_record.json"
 
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -74,6 +81,41 @@ class GroundingModule(LightningModule):
         dirpath = os.path.join(self.trainer.default_root_dir, "checkpoints")
         best = ModelCheckpoint(dirpath=dirpath, monitor=self.monitor, mode=self.monitor_mode, save_top_k=1,
                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)
+        # save_on_train_epoch_end: every epoch, also those without a validation (check_val_every_n_epoch > 1)
         last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
-                               enable_version_counter=False)
-        return [best, last] + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
+                               enable_version_counter=False, save_on_train_epoch_end=True)
+        callbacks = [best, last, FitRecord()]
+        return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
+
+
+class FitRecord(Callback):
+    """``<default_root_dir>/fit_record.json``: the wall time and epochs of the run's training, rewritten
+    (atomically) after every training epoch. A resumed fit (``--ckpt_path``) adds its segment to the
+    record; a fresh fit starts a new one. The leaderboard reads it for its training-time column."""
+
+    def __init__(self):
+        self.started: float | None = None
+        self.segments: list[dict] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.started = time.perf_counter()
+        path = Path(trainer.default_root_dir) / FIT_RECORD
+        self.segments = []
+        if trainer.ckpt_path and path.is_file():  # a resume continues the record
+            try:
+                self.segments = list(json.loads(path.read_text(encoding="utf-8")).get("segments") or [])
+            except (OSError, ValueError, AttributeError):
+                self.segments = []
+        self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              "first_epoch": int(trainer.current_epoch), "seconds": 0.0})
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.started is None or not trainer.is_global_zero or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        segment = self.segments[-1]
+        segment.update(seconds=round(time.perf_counter() - self.started, 1), epochs=int(trainer.current_epoch) + 1
+                       - segment["first_epoch"], last_epoch=int(trainer.current_epoch), steps=int(trainer.global_step))
+        atomic_write_json(Path(trainer.default_root_dir) / FIT_RECORD, {
+            "seconds": round(sum(s["seconds"] for s in self.segments), 1),
+            "epochs": int(trainer.current_epoch) + 1, "steps": int(trainer.global_step),
+            "devices": int(trainer.num_devices), "segments": self.segments}, indent=2)

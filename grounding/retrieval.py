@@ -13,6 +13,7 @@ the metrics are averaged over folds (``fold_size``; applied automatically at >= 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -89,3 +90,23 @@ def retrieval_metrics(scores: torch.Tensor, caption_image_index: torch.Tensor, k
         for key in per_fold[0]:
             out[f"{name}/{key}"] = sum(f[key] for f in per_fold) / len(per_fold)
     return out
+
+
+def subset_t2i_recalls(scores: torch.Tensor, caption_image_index: torch.Tensor, subset: torch.Tensor, ks=(1, 5),
+                       ) -> dict[str, float]:
+    """Text->image R@K (%) of the captions in ``subset`` (bool, (N,)) ranked against every image: the
+    compositional captions of a test set (the world's held-out pairs) next to the others."""
+    _, t2i = retrieval_ranks(scores, caption_image_index)
+    subset = subset.to(t2i.device).bool()
+    return {f"t2i_r{k}": 100.0 * (t2i[subset] < k).float().mean().item() for k in ks} if subset.any() else {}
+
+
+@dataclass
+class RetrievalScores:
+    """What an evaluation loop scored, kept on the module (``module.scored[split]``) for the leaderboard:
+    ``scores`` (I, N) images x captions, ``caption_image`` (N,) the score row of each caption's image,
+    ``caption_index`` (N,) each column's caption in the split's flat caption order (image by image)."""
+
+    scores: torch.Tensor
+    caption_image: torch.Tensor
+    caption_index: torch.Tensor

@@ -8,11 +8,13 @@ import pytest
 import torch
 from test_composer_model import tiny_graph
 
-from grounding.composer.baselines import VSE, VSETraining
+from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.composer.batch import composition_batch
 from grounding.composer.data import SplitGraph
 from grounding.composer.evaluation import phrase_hits
-from grounding.encoders import load_tokenizer
+from grounding.composer.losses import same_height_partners
+from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, region_features
+from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.losses import vse_hinge_loss
 from grounding.retrieval import retrieval_metrics
 
@@ -137,3 +139,143 @@ def test_sum_negatives_warm_up_before_the_hardest():
         hard = VSETraining(net, margin=1.0).compute_losses(batch)["loss"]
     assert warm.item() == pytest.approx(vse_hinge_loss(sim, 1.0, hardest=False).item(), rel=1e-5)
     assert hard.item() == pytest.approx(vse_hinge_loss(sim, 1.0).item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ ViLBERT-style
+def tiny_vilbert(**kw):
+    torch.manual_seed(0)
+    args = dict(text_encoder="tiny-random", text_layers=3, backbone="tiny_cnn", backbone_weights=None, image_layers=2,
+                coattention_layers=2, image_dim=16, image_heads=2, image_ffn_dim=32, co_dim=16, co_heads=2, dropout=0.0)
+    return ViLBERT(**{**args, **kw}).eval()
+
+
+def test_bert_layer_as_attention_block_is_the_same_function():
+    bert = load_text_encoder("tiny-random").eval()
+    enc = load_tokenizer("tiny-random")(["a dog running", "two red cats on the grass"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    full = bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    h = bert.embeddings(input_ids=ids)
+    for layer in bert.encoder.layer:
+        h = AttentionBlock.from_bert_layer(layer, bert.config).eval()(h, None, mask.bool())
+    assert torch.allclose(h[mask.bool()], full[mask.bool()], atol=1e-5)
+
+
+def test_vilbert_text_stream_keeps_the_pretrained_layers_and_the_schedule():
+    net = tiny_vilbert()
+    assert len(net.text_encoder.encoder.layer) == 1 and len(net.text_layers) == 2  # 3 layers: 1 below, 2 co-attended
+    assert len(net.co_attention) == 2 and len(net.image_layers) == 2
+    # COMPOSER's co-attention block, not a second implementation
+    assert all(isinstance(c, CoAttentionBlock) for c in net.co_attention)
+    # without co-attention the text stream would be the 3-layer encoder: check the pieces compose to it
+    torch.manual_seed(0)
+    reference = load_text_encoder("tiny-random", num_hidden_layers=3).eval()
+    ids = torch.tensor([[2, 40, 41, 3]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    h = net.encode_texts(ids, mask)
+    for layer in net.text_layers:
+        h = layer(h, None, mask)
+    assert torch.allclose(h, reference(input_ids=ids).last_hidden_state, atol=1e-5)
+    with pytest.raises(ValueError, match="coattention_layers"):
+        tiny_vilbert(coattention_layers=4)
+    with pytest.raises(ValueError, match="image_layers"):
+        tiny_vilbert(image_layers=0)
+
+
+def test_text_encoders_train_with_dropout():
+    """from_pretrained returns eval mode and Lightning keeps it: every text encoder is switched to train mode."""
+    for net in (Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2,
+                         co_dim=16, co_heads=2, ct_layers=1), VSE(text_encoder="tiny-random", backbone="tiny_cnn",
+                                                                  backbone_weights=None), tiny_vilbert().train()):
+        encoder = getattr(net, "predicate_transformer", None) or net.text_encoder
+        assert all(m.training for m in encoder.modules())
+
+
+def test_vilbert_scores_pairs_and_v_cls():
+    net = tiny_vilbert()
+    tok = load_tokenizer("tiny-random")
+    enc = tok(["a dog", "two red cats on grass"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    regions, region_mask = net.embed_regions(torch.randn(3, 3, 32, 32))
+    assert regions.shape[:2] == region_mask.shape and region_mask.all()
+    n = regions.shape[1] - 1  # [V-CLS] first: the mean region feature at the whole-image box
+    features, _, _ = region_features("grid", net.backbone, torch.float32, torch.zeros(1, 3, 32, 32))
+    assert features.shape[1] == n
+    s = net(regions, region_mask, ids, mask, torch.tensor([0, 1, 2, 0]), torch.tensor([0, 0, 1, 1]))
+    assert s.shape == (4,)
+    # a pair's score depends on its own image and text only: scoring it alone gives the same number
+    alone = net(regions[1:2], region_mask[1:2], ids[0:1], mask[0:1], torch.tensor([0]), torch.tensor([0]))
+    assert torch.allclose(alone, s[1:2], atol=1e-5)
+    # padding regions (masked) change nothing
+    padded = torch.cat([regions, 50 * torch.randn(3, 2, regions.shape[2])], 1)
+    padded_mask = torch.cat([region_mask, torch.zeros(3, 2, dtype=torch.bool)], 1)
+    assert torch.allclose(net(padded, padded_mask, ids, mask, torch.tensor([0, 1, 2, 0]), torch.tensor([0, 0, 1, 1])),
+                          s, atol=1e-5)
+
+
+def test_vilbert_four_way_loss_and_mvsa_backpropagate():
+    graph, tables, _ = tiny_graph()
+    batch = _train_batch(graph, tables, [0, 1, 2])
+    plain = ViLBERTTraining(tiny_vilbert().train())
+    torch.manual_seed(0)
+    losses = plain.compute_losses(batch)
+    assert set(losses) >= {"match", "loss", "accuracy"} and "mvsa" not in losses
+    assert losses["loss"].item() == pytest.approx(losses["match"].item())
+    module = ViLBERTTraining(tiny_vilbert().train(), mvsa_loss="hinge", mvsa_margin=5.0)  # α = 5: every concept violates
+    torch.manual_seed(0)
+    losses = module.compute_losses(batch)
+    assert losses["mvsa"] > 0 and losses["loss"].item() == pytest.approx(losses["match"].item() + losses["mvsa"].item())
+    losses["loss"].backward()
+    net = module.net
+    for part in (net.text_encoder, net.text_layers, net.image_layers, net.co_attention, net.regions, net.theta):
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+    assert all(p.grad is None for p in net.backbone.parameters())
+
+
+def test_vilbert_mvsa_scores_each_concept_text_hand_checked(monkeypatch):
+    """ℓ_MVSA = mean over positives of Σ_c [α − s(x,c) + s(x,c⁻)]₊ + [α − s(x,c) + s(x⁻,c)]₊ over the non-root concepts,
+    each s computed by the cross-encoder on the concept's own word pieces."""
+    graph, tables, _ = tiny_graph()
+    batch = _train_batch(graph, tables, [0, 1, 2])
+    module = ViLBERTTraining(tiny_vilbert(), mvsa_loss="hinge", mvsa_margin=0.8)
+    regions, region_mask = module.regions(batch)
+    random_caption, random_image = torch.tensor([1, 2, 0]), torch.tensor([2, 0, 1])
+    got = module.concept_alignment_loss(batch, regions, region_mask, random_caption, random_image)
+    ptr, net = batch["caption_node_ptr"], module.net
+    partner = same_height_partners(ptr, batch["node_height"], random_caption)
+
+    def s(image, node):  # the cross-encoder on one concept text
+        row = int(batch["node_concept_row"][node])
+        ids, mask = batch["concept_ids"][row:row + 1], batch["concept_mask"][row:row + 1]
+        return net(regions[image:image + 1], region_mask[image:image + 1], ids, mask, torch.tensor([0]), torch.tensor([0]))[0]
+
+    total = 0.0
+    for i in range(3):
+        for k in range(int(ptr[i + 1] - ptr[i])):
+            node = int(ptr[i]) + k
+            if k == int(batch["caption_root"][i]):
+                continue
+            neg = int(ptr[random_caption[i]]) + int(partner[node])
+            total += (torch.relu(0.8 - s(i, node) + s(i, neg)) + torch.relu(0.8 - s(i, node) + s(int(random_image[i]), node))).item()
+    assert got.item() == pytest.approx(total / 3, rel=1e-4)
+
+
+def test_vilbert_evaluation_equals_retrieval_metrics(monkeypatch):
+    graph, tables, _ = tiny_graph()
+    split = SplitGraph(graph, tables, np.zeros(graph.n_captions, dtype=bool))
+    module = ViLBERTTraining(tiny_vilbert(), eval_pair_chunk=4)  # chunks that split an image's captions
+    logged = {}
+    monkeypatch.setattr(module, "log", lambda key, value, **kw: logged.__setitem__(key, value))
+    images = {"images": torch.randn(3, 3, 32, 32), "image_index": torch.arange(3)}
+    captions = split.batch([0, 1, 2], phrase_seed=0)
+    with torch.no_grad():
+        module.test_step(images, 0, dataloader_idx=0)
+        module.test_step(captions, 0, dataloader_idx=1)
+        module.on_test_epoch_end()
+        regions, mask = module.net.embed_regions(images["images"])
+        pi, pc = torch.arange(3).repeat_interleave(3), torch.arange(3).repeat(3)
+        sim = module.net(regions, mask, captions["caption_ids"], captions["caption_mask"], pi, pc).view(3, 3)
+    expected = retrieval_metrics(sim, captions["caption_image_index"])
+    for key, value in expected.items():
+        assert logged[f"test/{key}"] == pytest.approx(value)
+    assert torch.allclose(module.scored["test"].scores, sim, atol=1e-6)
+    assert "test/phrase_r1" in logged

@@ -46,6 +46,8 @@ def stage_config(path):
 
 # COMPOSER's attention widths must divide the tiny text encoder's (32)
 COMPOSER_OFFLINE = {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}
+# the ViLBERT-style baseline's image stream and co-attention at test size (its paper configs are 1024 wide)
+VILBERT_OFFLINE = {"image_dim": 32, "image_heads": 2, "image_ffn_dim": 64, "co_dim": 16, "co_heads": 2}
 
 
 def world_region_files(world, out, dim: int):
@@ -121,8 +123,9 @@ def offline_overrides(path, world, tmp_path):
                   "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "captions_file": None}}
         args += ["--config", yaml.safe_dump({"data": {"init_args": {"captions": reader}}}),
                  f"--data.init_args.world_meta={world / 'world.json'}"]
-        if str((model_args.get("net") or {}).get("class_path", "")).endswith(".Composer"):  # VSE has no attention widths
-            args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in COMPOSER_OFFLINE.items()]
+        net_class = str((model_args.get("net") or {}).get("class_path", ""))
+        widths = COMPOSER_OFFLINE if net_class.endswith(".Composer") else VILBERT_OFFLINE if net_class.endswith(".ViLBERT") else {}
+        args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in widths.items()]  # VSE has no attention widths
         if data_args.get("region_boxes"):  # object boxes: the world's Visual Genome layout
             args.append(f"--data.init_args.region_boxes={world / 'visual_genome' / 'objects.json'}")
         if data_args.get("region_files"):  # detector regions as the paper's files: random ones for every image
@@ -139,11 +142,13 @@ def offline_overrides(path, world, tmp_path):
 
 
 # The slowest fast_dev_runs (WordNet's similarity lists) and the COMPOSER configs that only vary another one's
-# data or a switch (Flickr8k, COCO / C30K, Table 2's test settings, Table 7's degraded parses) run in the full
+# data or a switch (Flickr8k, COCO / C30K, + MVSA, Table 2's test settings, Table 7's degraded parses) run in the full
 # tier (`make test-full`); `make test` still instantiates every one (test_config_parses_with_print_config) and
 # runs one fast_dev_run per region source and hard-negative mode (world grid, world boxes, F30K files + pool).
-SLOW_RUNS = {"semclip/ste_wordnet.yaml", "composer/composer_flickr8k.yaml", "composer/composer_coco_paper.yaml",
-             "composer/composer_c30k_paper.yaml"}
+SLOW_RUNS = {"semclip/ste_wordnet.yaml", "vgbert/baseline_flickr8k.yaml",
+             *(f"composer/{m}_{d}.yaml" for m in ("composer", "vse", "vilbert", "vilbert_mvsa")
+               for d in ("flickr8k", "coco_paper", "c30k_paper")),
+             "composer/vilbert_mvsa_f30k_paper.yaml"}
 SLOW_FOLDERS = ("composer/table2/", "composer/table7/")
 RUNS = [pytest.param(p, marks=pytest.mark.slow) if i in SLOW_RUNS or i.startswith(SLOW_FOLDERS) else p
         for p, i in zip(CONFIGS, IDS)]

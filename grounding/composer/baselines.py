@@ -1,4 +1,4 @@
-"""COMPOSER's retrieval baselines (§5.2, App. C), trained and evaluated on the same data, regions and metrics.
+"""COMPOSER's retrieval baselines (§5.2, App. C, Table 5), trained and evaluated on the same data, regions and metrics.
 
 VSE (Kiros et al., 2014, re-implemented as the paper did): the caption y is the mean of the text encoder's
 last-layer word-piece embeddings (paper: 12-layer bert-base-uncased), the image x the mean over its regions
@@ -7,6 +7,13 @@ VSE++'s hinge ranking loss over the batch's hardest negatives (Faghri et al., 20
 :func:`grounding.losses.vse_hinge_loss`). The regions are COMPOSER's (:meth:`Composer.embed_regions`'s
 sources: the frozen backbone's grid, RoI-aligned boxes or detector files), so the feature cache,
 :class:`grounding.composer.data.ComposerDataModule` and :func:`composer_metrics` serve both unchanged.
+
+ViLBERT-style cross-encoder (Lu et al., 2019, as App. C configures it, without multimodal pre-training): the text
+encoder's layers as the text stream, ``image_layers`` transformer layers over the regions and a [V-CLS] token,
+``coattention_layers`` co-attention blocks (COMPOSER's :class:`CoAttentionBlock`) interleaved with the top text
+layers as ViLBERT's code schedules them; s(x, y) = θᵀ(pool_t([CLS]) ⊙ pool_v([V-CLS])). Trained like COMPOSER
+(ℓ_match, the 4-way NLL with its hard negatives); Table 5's "+ MVSA" adds the multi-level hinge over the caption's
+CRG concepts, each concept's text run through the cross-encoder with the image.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from grounding.losses import vse_hinge_loss
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity
 
-from .model import region_backbone, region_features
-from .training import RegionRetrievalModule
+from .hard_negatives import HARD_NEGATIVE_MODES
+from .losses import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
+from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, expand_counts, region_backbone, region_features
+from .training import RegionRetrievalModule, four_way_negatives
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -63,6 +72,7 @@ class VSE(RecordedNet):
         self.image_size = image_size
         overrides = {} if text_layers is None else {"num_hidden_layers": text_layers}
         self.text_encoder = load_text_encoder(text_encoder, **overrides)
+        self.text_encoder.train()  # from_pretrained gives eval mode, which Lightning keeps: dropout would never act
         # the DataModule's tokenizer size, checked at setup (VSE adds no placeholder word pieces)
         self.placeholder_base = self.text_encoder.config.vocab_size
         width = self.text_encoder.config.hidden_size
@@ -148,3 +158,216 @@ class VSETraining(RegionRetrievalModule):
             ids, mask = batch["phrase_ids"].to(dev), batch["phrase_mask"].to(dev)
             phrases = dot_similarity(images, self.net.encode_texts(ids, mask)) if len(ids) else images.new_zeros(len(images), 0)
         return sentence, phrases
+
+
+# ------------------------------------------------------------------------------------------ ViLBERT-style
+class ViLBERT(RecordedNet):
+    """ViLBERT as COMPOSER's paper configures it (App. C): a text stream of ``text_layers`` layers of ``text_encoder``
+    (paper 12 of bert-base-uncased; null: all), an image stream of ``image_layers`` transformer layers (paper 6) over
+    the regions, and ``coattention_layers`` co-attention blocks (paper 6) between the streams.
+
+    The schedule is ViLBERT's code's (``t_biattention_id`` = the top K text layers, ``v_biattention_id`` = image
+    layers 0..K-1): the lower T−K text layers run as the pretrained encoder; then co-attention block i follows text
+    layer T−K+i−1 and image layer i−1 (none before the first); the last text layer and image layers K−1.. close
+    the streams. The top K text layers are the encoder's own, with their pretrained weights
+    (:meth:`AttentionBlock.from_bert_layer`). The image stream starts with [V-CLS], ViLBERT's IMG token: the
+    mean region feature at the whole-image box. Score: θᵀ(ReLU(W_t h_[CLS]) ⊙ ReLU(W_v h_[V-CLS])), ViLBERT's
+    poolers into the co-attention width and its retrieval head. Widths as ViLBERT's: ``image_dim`` 1024,
+    ``image_heads`` 8, ``image_ffn_dim`` 1024, ``co_dim`` 1024, ``co_heads`` 8 (the text side keeps the encoder's).
+    Regions as :class:`grounding.composer.model.Composer`'s (``grid`` | ``files`` | ``boxes``).
+    """
+
+    def __init__(self, text_encoder: str = "minilm", text_layers: int | None = None, region_source: str = "grid",
+                 backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
+                 image_size: int = 224, image_layers: int = 6, coattention_layers: int = 6, image_dim: int = 1024,
+                 image_heads: int = 8, image_ffn_dim: int = 1024, co_dim: int = 1024, co_heads: int = 8,
+                 dropout: float = 0.1):
+        super().__init__()
+        self.region_source = region_source
+        self.image_size = image_size
+        overrides = {} if text_layers is None else {"num_hidden_layers": text_layers}
+        bert = load_text_encoder(text_encoder, **overrides)
+        bert.train()  # from_pretrained gives eval mode, which Lightning keeps: dropout would never act
+        config = bert.config
+        n_text, k = config.num_hidden_layers, coattention_layers
+        if not 1 <= k <= n_text:
+            raise ValueError(f"coattention_layers must lie in [1, {n_text}] (the text stream's layers); got {k}")
+        if image_layers < k - 1:
+            raise ValueError(f"image_layers ({image_layers}) must be at least coattention_layers - 1 ({k - 1}): "
+                             "co-attention block i follows image layer i-1")
+        # the DataModule's tokenizer size, checked at setup (no placeholder word pieces)
+        self.placeholder_base = config.vocab_size
+        # the top K text layers interleave with co-attention: taken out of the encoder, weights kept
+        self.text_layers = nn.ModuleList(AttentionBlock.from_bert_layer(layer, config) for layer in bert.encoder.layer[n_text - k:])
+        bert.encoder.layer = bert.encoder.layer[:n_text - k]
+        config.num_hidden_layers = n_text - k
+        self.text_encoder = bert
+        text_dim = config.hidden_size
+        self.backbone, region_dim = region_backbone(region_source, backbone, backbone_weights, region_dim)
+        self.regions = RegionEmbedding(region_dim, image_dim, dropout)
+        self.image_layers = nn.ModuleList(AttentionBlock(image_dim, image_heads, image_ffn_dim, dropout)
+                                          for _ in range(image_layers))
+        self.co_attention = nn.ModuleList(
+            CoAttentionBlock(text_dim, image_dim, co_dim, co_heads, config.intermediate_size, image_ffn_dim, dropout,
+                             text_eps=config.layer_norm_eps) for _ in range(k))
+        self.text_pool = nn.Sequential(nn.Linear(text_dim, co_dim), nn.ReLU())
+        self.image_pool = nn.Sequential(nn.Linear(image_dim, co_dim), nn.ReLU())
+        self.theta = nn.Linear(co_dim, 1)
+
+    def embed_regions(self, images: torch.Tensor | None = None, features: torch.Tensor | None = None,
+                      boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        """The image stream's input (B, 1+N, image_dim): [V-CLS], then every region; mask (B, 1+N)."""
+        features, boxes, mask = region_features(self.region_source, self.backbone, self.regions.feature.weight.dtype,
+                                                images, features, boxes, mask)
+        whole_image = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(len(boxes), 1, 4)
+        tokens = self.regions(torch.cat([masked_mean(features, mask).unsqueeze(1), features], 1),
+                              torch.cat([whole_image, boxes], 1))
+        return tokens, F.pad(mask, (1, 0), value=True)
+
+    def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The lower text layers (image-independent: once per text, reused by every image)."""
+        return self.text_encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+
+    def cross(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
+              ) -> torch.Tensor:
+        """s(x, y) of P aligned (text, image) rows: text (P,L,d_t) from :meth:`encode_texts`, image (P,1+N,d_v)."""
+        last = len(self.co_attention) - 1
+        for i, co in enumerate(self.co_attention):
+            if i:
+                text = self.text_layers[i - 1](text, None, text_mask)
+                image = self.image_layers[i - 1](image, None, image_mask)
+            text, image = co(text, text_mask, image, image_mask)
+        text = self.text_layers[last](text, None, text_mask)
+        for layer in self.image_layers[last:]:
+            image = layer(image, None, image_mask)
+        return self.theta(self.text_pool(text[:, 0]) * self.image_pool(image[:, 0])).squeeze(-1)
+
+    def forward(self, regions, region_mask, ids, mask, pair_image, pair_caption) -> torch.Tensor:
+        """s(x, y) of the pairs (``pair_image[p]``, ``pair_caption[p]``) of images and texts."""
+        text = self.encode_texts(ids, mask)
+        return self.cross(text[pair_caption], mask[pair_caption], regions[pair_image], region_mask[pair_image])
+
+
+class ViLBERTTraining(RegionRetrievalModule):
+    """The ViLBERT-style baseline on a :class:`grounding.composer.data.ComposerDataModule`, trained as COMPOSER's paper
+    trains it: ℓ_match, the 4-way NLL over (x, y), (x, random y'), (random x', y), (x, hard y'') with COMPOSER's
+    ``hard_negatives`` (``pool``: the paper's, linked to the DataModule; ``batch``; ``random``).
+
+    Table 5's "ViLBERT + MVSA": ``mvsa_loss`` ``hinge`` (margin ``mvsa_margin`` α 0.8, weight ``mvsa_weight`` λ₁)
+    adds ℓ_MVSA over every non-sentence CRG concept c of the positive captions: s(x, c) against s(x, c⁻) (c⁻ the
+    same-height concept of the random negative caption, as for COMPOSER) and s(x⁻, c), each s a cross-encoder run on
+    the concept's own text; ``mvsa_max_concepts`` samples at most that many concepts a caption (null: all, the
+    paper's sum). ``concept_reduction`` as COMPOSER's. Evaluation: every (image, caption) pair cross-encoded, and
+    every phrase query's text against every image (Table 5's phrase R@1), ``eval_pair_chunk`` pairs at a time.
+    """
+
+    def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
+                 mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
+                 eval_pair_chunk: int = 2048, feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler)
+        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
+            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
+        if hard_negatives not in HARD_NEGATIVE_MODES:
+            raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "eval_pair_chunk"])
+        self.net = self.adopt_net(net)
+        self.hard_negatives = hard_negatives
+        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
+        self.mvsa_max_concepts, self.concept_reduction = mvsa_max_concepts, concept_reduction
+        self.eval_pair_chunk = eval_pair_chunk
+        self.feature_cache = feature_cache and self.net.backbone is not None
+        self.feature_cache_dir = feature_cache_dir
+
+    def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        if "caption_ids" not in batch:
+            raise ValueError("ViLBERT needs the batch's caption word pieces (caption_ids): build the TokenTables with "
+                             "the split's caption texts (ComposerDataModule does)")
+        regions, region_mask = self.regions(batch)
+        b = len(regions)
+        rows = torch.arange(b, device=regions.device)
+        random_caption, random_image, hard = four_way_negatives(regions, region_mask, self.hard_negatives,
+                                                                batch.get("hard_caption"))
+        pair_image = torch.cat([rows, rows, random_image, rows])
+        pair_caption = torch.cat([rows, random_caption, rows, hard])
+        scores = self.net(regions, region_mask, batch["caption_ids"], batch["caption_mask"], pair_image,
+                          pair_caption).view(4, b).T  # (B, 4): positive, then the 3 negatives
+        losses = {"match": match_nll(scores)}
+        loss = losses["match"]
+        if self.mvsa_loss is not None and self.mvsa_weight:
+            losses["mvsa"] = self.concept_alignment_loss(batch, regions, region_mask, random_caption, random_image)
+            loss = loss + self.mvsa_weight * losses["mvsa"]
+        losses["loss"] = loss
+        losses["accuracy"] = (scores.argmax(1) == 0).float().mean()
+        return losses
+
+    def concept_alignment_loss(self, batch: dict, regions, region_mask, random_caption, random_image) -> torch.Tensor:
+        """ℓ_MVSA over the positive captions' non-sentence concepts, scored by the cross-encoder on their texts."""
+        if "concept_ids" not in batch:
+            raise ValueError("ViLBERT + MVSA needs the batch's concept word pieces (concept_ids): build the TokenTables "
+                             "with the split's caption texts (ComposerDataModule does)")
+        b = len(regions)
+        node_ptr = batch["caption_node_ptr"]
+        owner, k = expand_counts(node_ptr[1:b + 1] - node_ptr[:b])
+        partner = same_height_partners(node_ptr[:b + 1], batch["node_height"][:int(node_ptr[b])], random_caption)
+        concept_row = batch["node_concept_row"]
+        row = concept_row[node_ptr[owner] + k]
+        row_negative = concept_row[node_ptr[random_caption[owner]] + partner]
+        keep = (k != batch["caption_root"][owner]) & (row >= 0) & (row_negative >= 0)
+        if self.mvsa_max_concepts is not None:  # a random subset of at most M concepts per caption
+            keep &= _random_rank_within(owner, keep) < self.mvsa_max_concepts
+        owner, row, row_negative = owner[keep], row[keep], row_negative[keep]
+        if not len(owner):
+            return regions.new_zeros(())
+        needed, inverse = torch.unique(torch.cat([row, row_negative]), return_inverse=True)
+        ids, mask = batch["concept_ids"][needed], batch["concept_mask"][needed]
+        text = self.net.encode_texts(ids, mask)
+        m = len(owner)
+        concept, negative_concept = inverse[:m], inverse[m:]
+        pair_text = torch.cat([concept, negative_concept, concept])
+        pair_image = torch.cat([owner, owner, random_image[owner]])
+        s = self.net.cross(text[pair_text], mask[pair_text], regions[pair_image], region_mask[pair_image]).view(3, m)
+        return mvsa_loss(s[0], s[1], s[2], owner, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
+
+    def training_step(self, batch, batch_idx):
+        losses = self.compute_losses(batch)
+        b = len(batch["image_index"])
+        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=b)
+        for name in ("match", "mvsa", "accuracy"):
+            if name in losses:
+                self.log(f"train/{name}", losses[name], batch_size=b)
+        return losses["loss"]
+
+    @torch.no_grad()
+    def all_pair_scores(self, ids, mask, regions, region_mask) -> torch.Tensor:
+        """s(x, y) of every image and text (I, T), ``eval_pair_chunk`` cross-encoder pairs at a time."""
+        n_img, n_text = len(regions), len(ids)
+        out = regions.new_empty(n_img * n_text)
+        if not n_text:
+            return out.view(n_img, 0)
+        text = self.net.encode_texts(ids, mask)
+        pair_image = torch.arange(n_img, device=regions.device).repeat_interleave(n_text)
+        pair_text = torch.arange(n_text, device=regions.device).repeat(n_img)
+        for start in range(0, len(out), self.eval_pair_chunk):
+            pi, pt = pair_image[start:start + self.eval_pair_chunk], pair_text[start:start + self.eval_pair_chunk]
+            out[start:start + len(pi)] = self.net.cross(text[pt], mask[pt], regions[pi], region_mask[pi]).to(out.dtype)
+        return out.view(n_img, n_text)
+
+    def score_caption_batch(self, batch, regions, region_mask):
+        """Every caption, and every phrase query, cross-encoded with every image."""
+        dev = regions.device
+        sentence = self.all_pair_scores(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev), regions, region_mask)
+        phrases = None
+        if "phrase_ids" in batch:
+            phrases = self.all_pair_scores(batch["phrase_ids"].to(dev), batch["phrase_mask"].to(dev), regions, region_mask)
+        return sentence, phrases
+
+
+def _random_rank_within(owner: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A uniformly random rank of every kept item among its owner's kept items (dropped items rank last)."""
+    key = torch.rand(len(owner), device=owner.device) + (~keep).to(torch.float32)  # dropped items sort after kept
+    order = torch.argsort(owner.to(torch.float64) * 4 + key.to(torch.float64), stable=True)
+    rank = torch.empty_like(owner)
+    sorted_owner = owner[order]
+    rank[order] = torch.arange(len(owner), device=owner.device) - torch.searchsorted(sorted_owner, sorted_owner)
+    return rank

@@ -188,6 +188,13 @@ def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase
     }
     if tables.caption_ids is not None:  # the whole captions' word pieces (the VSE baseline's text side)
         out["caption_ids"], out["caption_mask"] = _pad(tables.caption_ids, tables.caption_indptr, captions)
+    if tables.concept_ids is not None:  # every node's concept text, once per distinct concept (ViLBERT + MVSA)
+        has_text = node_concept >= 0
+        concepts, row = np.unique(node_concept[has_text], return_inverse=True)
+        node_row = np.full(len(node_concept), -1, dtype=np.int64)
+        node_row[has_text] = row.reshape(-1)
+        out["node_concept_row"] = t(node_row)
+        out["concept_ids"], out["concept_mask"] = _pad(tables.concept_ids, tables.concept_indptr, concepts)
     if phrase_seed is not None:
         out.update(_phrase_queries(graph, node_concept, node_caption, node_ptr, captions, is_root, phrase_seed))
         if tables.concept_ids is not None:  # the phrase queries' own word pieces (VSE's phrase retrieval)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grounding.retrieval import DEFAULT_KS, retrieval_metrics, retrieval_ranks
+from grounding.retrieval import DEFAULT_KS, retrieval_metrics, subset_t2i_recalls
 
 from .model import Composer, expand_counts
 
@@ -96,10 +96,7 @@ def composer_metrics(sentence: torch.Tensor, caption_image: torch.Tensor, compos
     if phrase_r1 is not None:
         out["phrase_r1"] = phrase_r1
     if compositional is not None and compositional.any():
-        _, t2i = retrieval_ranks(sentence, caption_image)
         for name, sel in (("compositional", compositional), ("in_distribution", ~compositional)):
-            if sel.any():
-                for k in (1, 5):
-                    out[f"{name}/t2i_r{k}"] = 100.0 * (t2i[sel] < k).float().mean().item()
+            out.update({f"{name}/{k}": v for k, v in subset_t2i_recalls(sentence, caption_image, sel).items()})
         out["compositional/captions"] = float(compositional.sum())
     return out

@@ -92,7 +92,7 @@ class AttentionBlock(nn.Module):
     (``inner_dim``/``heads`` of the co-attention, keys from the other stream)."""
 
     def __init__(self, dim: int, heads: int, ffn_dim: int, dropout: float = 0.1, kv_dim: int | None = None,
-                 inner_dim: int | None = None, norm_first: bool = False):
+                 inner_dim: int | None = None, norm_first: bool = False, eps: float = 1e-5):
         super().__init__()
         self.norm_first = norm_first
         inner = inner_dim or dim
@@ -103,10 +103,30 @@ class AttentionBlock(nn.Module):
         self.key = nn.Linear(kv_dim or dim, inner)
         self.value = nn.Linear(kv_dim or dim, inner)
         self.out = nn.Linear(inner, dim)
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
         self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(), nn.Linear(ffn_dim, dim))
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def from_bert_layer(cls, layer: nn.Module, config) -> "AttentionBlock":
+        """The same post-LN layer as a BERT-architecture ``transformers`` layer (``BertLayer``: self-attention,
+        then GELU FFN, each with a residual and LayerNorm), with its weights: a pretrained text layer that can
+        run between co-attention blocks without the library's private attention-mask plumbing."""
+        if config.hidden_act != "gelu":
+            raise ValueError(f"a BERT layer with hidden_act {config.hidden_act!r} cannot become an AttentionBlock "
+                             "(exact GELU only)")
+        block = cls(config.hidden_size, config.num_attention_heads, config.intermediate_size,
+                    config.hidden_dropout_prob, eps=config.layer_norm_eps)
+        attention, output = layer.attention, layer.output
+        pairs = [(block.query, attention.self.query), (block.key, attention.self.key), (block.value, attention.self.value),
+                 (block.out, attention.output.dense), (block.norm1, attention.output.LayerNorm),
+                 (block.ffn[0], layer.intermediate.dense), (block.ffn[2], output.dense), (block.norm2, output.LayerNorm)]
+        with torch.no_grad():
+            for mine, theirs in pairs:
+                mine.weight.copy_(theirs.weight)
+                mine.bias.copy_(theirs.bias)
+        return block
 
     def _split(self, x):
         return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
@@ -179,6 +199,23 @@ class Modulator(nn.Module):
         return concept
 
 
+class CoAttentionBlock(nn.Module):
+    """ViLBERT's co-attention (Lu et al., 2019, Fig. 2b): each stream's queries attend to the other stream
+    (``co_dim`` wide, ``co_heads`` heads), both from the streams as they enter the block, then each stream's
+    own FFN. Shared by COMPOSER's Composition Transformer and the ViLBERT-style baseline."""
+
+    def __init__(self, text_dim: int, image_dim: int, co_dim: int, co_heads: int, text_ffn_dim: int,
+                 image_ffn_dim: int, dropout: float = 0.1, norm_first: bool = False, text_eps: float = 1e-5):
+        super().__init__()
+        self.text_from_image = AttentionBlock(text_dim, co_heads, text_ffn_dim, dropout, kv_dim=image_dim,
+                                              inner_dim=co_dim, norm_first=norm_first, eps=text_eps)
+        self.image_from_text = AttentionBlock(image_dim, co_heads, image_ffn_dim, dropout, kv_dim=text_dim,
+                                              inner_dim=co_dim, norm_first=norm_first)
+
+    def forward(self, text, text_mask, image, image_mask) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.text_from_image(text, image, image_mask), self.image_from_text(image, text, text_mask)
+
+
 class CompositionTransformer(nn.Module):
     """App. C, Fig. 6 (ViLBERT-style): ``layers`` = 2k+1 — k times (self-attention in both streams, then
     co-attention in both directions), ending with a text self-attention layer; the output at [CLS] is
@@ -191,18 +228,25 @@ class CompositionTransformer(nn.Module):
             raise ValueError(f"ct_layers must be odd (self/co-attention pairs plus a final text layer); got {layers}")
         k = layers // 2
 
-        def block(**kw):
-            return AttentionBlock(dim, kw.pop("heads", heads), ffn_dim, dropout, norm_first=norm_first, **kw)
+        def block():
+            return AttentionBlock(dim, heads, ffn_dim, dropout, norm_first=norm_first)
 
         self.text_self = nn.ModuleList(block() for _ in range(k + 1))
         self.image_self = nn.ModuleList(block() for _ in range(k))
-        self.text_from_image = nn.ModuleList(block(heads=co_heads, inner_dim=co_dim) for _ in range(k))
-        self.image_from_text = nn.ModuleList(block(heads=co_heads, inner_dim=co_dim) for _ in range(k))
+        self.co_attention = nn.ModuleList(CoAttentionBlock(dim, dim, co_dim, co_heads, ffn_dim, ffn_dim, dropout, norm_first)
+                                          for _ in range(k))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the co-attention became one CoAttentionBlock per layer pair
+        for key in [k for k in state_dict if k.startswith((f"{prefix}text_from_image.", f"{prefix}image_from_text."))]:
+            direction, index, rest = key[len(prefix):].split(".", 2)
+            state_dict[f"{prefix}co_attention.{index}.{direction}.{rest}"] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, text, text_mask, image, image_mask) -> torch.Tensor:
-        for ts, vs, tv, vt in zip(self.text_self, self.image_self, self.text_from_image, self.image_from_text):
+        for ts, vs, co in zip(self.text_self, self.image_self, self.co_attention):
             text, image = ts(text, None, text_mask), vs(image, None, image_mask)
-            text, image = tv(text, image, image_mask), vt(image, text, text_mask)
+            text, image = co(text, text_mask, image, image_mask)
         return self.text_self[-1](text, None, text_mask)[:, 0]
 
 
@@ -232,6 +276,7 @@ class Composer(RecordedNet):
         self.region_source = region_source
         self.image_size = image_size
         bert = load_text_encoder(text_encoder, num_hidden_layers=pt_layers)
+        bert.train()  # from_pretrained gives eval mode, which Lightning keeps: the PT's dropout would never act
         self.placeholder_base = bert.config.vocab_size
         bert.resize_token_embeddings(bert.config.vocab_size + len(PLACEHOLDER_TYPES))
         self.predicate_transformer = bert

@@ -16,27 +16,23 @@ compound divergence, the MCD split marked, the random splits' divergence range o
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib
 import inspect
 import io
 import json
-import logging
-import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import yaml
 from matplotlib.figure import Figure
 
 from grounding.checkpoints import CheckpointError, read_checkpoint
-from grounding.cli import main as cli_main
+from grounding.cli import ConfigError, run_test_subcommand
+from grounding.cli import resolved_config as cli_resolved_config
 from grounding.utils.io import atomic_path, atomic_write_json, atomic_write_text
 
 MCD_FILE = "mcd.json"
@@ -48,10 +44,6 @@ COLUMNS = ("split", "file", "compound_divergence", "atom_divergence", "images", 
 METRICS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
 COMPOSER_TRAINING = "grounding.composer.training.ComposerTraining"
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
-QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
-# Lightning warnings every split's run would repeat: the checkpoint's callback folder differs from the
-# run's (nothing is saved here), and a torch-version deprecation inside Lightning
-QUIET_WARNINGS = ("The dirpath has changed", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 class SplitEvalError(ValueError):
@@ -108,46 +100,15 @@ def find_splits(split_dir: str | Path) -> tuple[list[SplitFile], dict | None]:
     return splits, summary
 
 
-@contextlib.contextmanager
-def _quiet():
-    """The `test` subcommand run from Python: Lightning's info lines (devices, tips) and the warnings of
-    :data:`QUIET_WARNINGS` off, and this command's own arguments hidden from LightningCLI (which warns
-    when it sees both ``args`` and ``sys.argv``)."""
-    loggers = [logging.getLogger(n) for n in QUIET_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    argv = sys.argv
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    sys.argv = argv[:1]
-    try:
-        with warnings.catch_warnings():
-            for message in QUIET_WARNINGS:
-                warnings.filterwarnings("ignore", message=message)
-            yield
-    finally:
-        sys.argv = argv
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def resolved_config(config: str | Path) -> dict:
-    """The model config as ``python -m grounding test`` resolves it (``base:`` chain, shared trainer
-    config, links), parsed only: nothing is built."""
-    config = Path(config)
-    if not config.is_file():
+    """The model config as ``python -m grounding test`` resolves it, parsed only: nothing is built."""
+    if not Path(config).is_file():
         raise SplitEvalError(f"--config {config}: no such file; give the COMPOSER config the checkpoint was trained "
                              "with (e.g. experiments/composer/composer_world.yaml)")
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _quiet():
-        try:
-            cli_main(["test", "--config", str(config), "--print_config"])
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-    if code:
-        last = next((ln for ln in reversed(err.getvalue().splitlines()) if ln.strip()), "parse failed")
-        raise SplitEvalError(f"--config {config}: `python -m grounding test` cannot parse it: {last.strip()}")
-    return yaml.safe_load(out.getvalue())
+    try:
+        return cli_resolved_config(config)
+    except ConfigError as e:
+        raise SplitEvalError(f"--config {e}") from None
 
 
 def check_config(cfg: dict, config: str | Path) -> dict:
@@ -198,14 +159,8 @@ def evaluate_split(config: str | Path, ckpt: str | Path, split: SplitFile, workd
     if limit is not None:
         reader["test_subset"] = limit
     data = {"data": {"init_args": {"captions": {"init_args": reader}}}}
-    args = ["test", "--config", str(config), "--config", yaml.safe_dump(data), "--ckpt_path", str(ckpt),
-            "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.devices=1", "--trainer.num_nodes=1",
-            "--trainer.strategy=auto", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={workdir}", "--verbose=false"]
-    if rerank_top_k is not None:
-        args.append(f"--model.init_args.rerank_top_k={rerank_top_k}")
-    with _quiet():
-        cli = cli_main(args)
+    extra = [] if rerank_top_k is None else [f"--model.init_args.rerank_top_k={rerank_top_k}"]
+    cli = run_test_subcommand(config, ckpt, workdir, [data], extra)
     metrics = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
     missing = [m for m in METRICS if m not in metrics]
     if missing:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
+from grounding.retrieval import RetrievalScores
 
 from .evaluation import composer_metrics, phrase_hits, score_captions
 from .hard_negatives import HARD_NEGATIVE_MODES
@@ -40,6 +41,7 @@ class RegionRetrievalModule(GroundingModule):
     def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
         self._eval: dict[str, dict[str, list]] = {}
+        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -119,10 +121,11 @@ class RegionRetrievalModule(GroundingModule):
         caption_image = gdist.gather_no_grad(torch.cat(caption_image))
         compositional = gdist.gather_no_grad(torch.cat(compositional))
         hits = gdist.gather_no_grad(torch.cat(hit_batches).to(sentence.device).float()) if hit_batches else None
-        caption_ids, keep = _unique_first(caption_ids)
+        _, keep = _unique_first(caption_ids)
         # with limit_*_batches only some images were embedded: score the captions of those images
         keep = keep[torch.isin(caption_image[keep], image_index.to(caption_image.device))]
         rows = torch.searchsorted(image_index.to(caption_image.device), caption_image[keep])
+        self.scored[split] = RetrievalScores(sentence[keep].T.float().cpu(), rows.cpu(), caption_ids[keep].cpu())
         metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
                                    phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
         for key, value in metrics.items():
@@ -168,31 +171,8 @@ class ComposerTraining(RegionRetrievalModule):
     # ---------------------------------------------------------------- training
     def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor,
                   hard_caption: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """(random caption, random image, hard caption) caption / image rows for every positive row;
-        ``hard_caption``: the batch's pool rows (``hard_negatives: pool``)."""
-        b = len(regions)
-        if b < 3:
-            raise ValueError(f"COMPOSER's 4-way loss needs at least 3 pairs a batch; got {b} (raise batch_size)")
-        rows = torch.arange(b, device=regions.device)
-        random_caption = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
-        random_image = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
-        if self.hard_negatives == "pool":
-            if hard_caption is None:
-                raise ValueError("hard_negatives: pool needs batches with hard captions: set the DataModule's "
-                                 "hard_negatives to pool as well (the CLI links it from the model's)")
-            hard = hard_caption.to(rows.device)
-        elif self.hard_negatives == "batch":
-            with torch.no_grad():
-                m = region_mask.unsqueeze(-1).to(regions.dtype)
-                pooled = F.normalize((regions * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
-                sim = pooled @ pooled.T
-                sim.fill_diagonal_(float("-inf"))
-                sim[rows, random_caption] = float("-inf")  # a different negative from the random one
-                hard = sim.argmax(1)
-        else:
-            hard = (random_caption + torch.randint(1, b - 1, (b,), device=rows.device)) % b
-            hard = torch.where(hard == rows, (hard + 1) % b, hard)
-        return random_caption, random_image, hard
+        """ℓ_match's three negatives of every positive row (:func:`four_way_negatives`)."""
+        return four_way_negatives(regions, region_mask, self.hard_negatives, hard_caption)
 
     def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
         regions, region_mask = self.regions(batch)
@@ -241,6 +221,37 @@ class ComposerTraining(RegionRetrievalModule):
     def score_caption_batch(self, batch, regions, region_mask):
         """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``)."""
         return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k)
+
+
+def four_way_negatives(regions: torch.Tensor, region_mask: torch.Tensor, mode: str = "batch",
+                       hard_caption: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """(random caption, random image, hard caption) rows for every positive row of a batch, ViLBERT's retrieval
+    negatives (the 4-way NLL of COMPOSER and the ViLBERT-style baseline). ``mode`` ``pool``: ``hard_caption``, the
+    batch's pool rows; ``batch``: the caption of the batch image nearest by mean region token, other than the
+    random one; ``random``: another random batch caption."""
+    b = len(regions)
+    if b < 3:
+        raise ValueError(f"the 4-way retrieval loss needs at least 3 pairs a batch; got {b} (raise batch_size)")
+    rows = torch.arange(b, device=regions.device)
+    random_caption = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
+    random_image = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
+    if mode == "pool":
+        if hard_caption is None:
+            raise ValueError("hard_negatives: pool needs batches with hard captions: set the DataModule's "
+                             "hard_negatives to pool as well (the CLI links it from the model's)")
+        hard = hard_caption.to(rows.device)
+    elif mode == "batch":
+        with torch.no_grad():
+            m = region_mask.unsqueeze(-1).to(regions.dtype)
+            pooled = F.normalize((regions * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
+            sim = pooled @ pooled.T
+            sim.fill_diagonal_(float("-inf"))
+            sim[rows, random_caption] = float("-inf")  # a different negative from the random one
+            hard = sim.argmax(1)
+    else:
+        hard = (random_caption + torch.randint(1, b - 1, (b,), device=rows.device)) % b
+        hard = torch.where(hard == rows, (hard + 1) % b, hard)
+    return random_caption, random_image, hard
 
 
 def _unique_first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerC
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import net_hparams
 from grounding.precision import dot_similarity
-from grounding.retrieval import retrieval_metrics
+from grounding.retrieval import RetrievalScores, retrieval_metrics
 from grounding.vgbert.relational import VGBertRelational
 
 # Stage-2 hyperparameters that define the frozen model's architecture.
@@ -175,6 +175,7 @@ class SearchHeads(GroundingModule):
         self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self._init_loaded = False
         self._eval: dict[str, list] = {}
+        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
@@ -233,7 +234,9 @@ class SearchHeads(GroundingModule):
         order = torch.argsort(image_index)
         q_i, image_index = q_i[order], image_index[order]
         rows = torch.searchsorted(image_index, cap_index)
-        metrics = retrieval_metrics(q_i @ q_w.t(), rows, fold_size=self.hparams.eval_fold_size)
+        scores = q_i @ q_w.t()
+        self.scored[split] = RetrievalScores(scores, rows, torch.arange(len(rows)))
+        metrics = retrieval_metrics(scores, rows, fold_size=self.hparams.eval_fold_size)
         for k, v in metrics.items():
             self.log(f"{split}/{k}", v, prog_bar=k == "rsum", sync_dist=False)
 

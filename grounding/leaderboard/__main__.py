@@ -1,0 +1,46 @@
+"""``python -m grounding.leaderboard --config experiments/leaderboard/world.yaml [--out DIR] [--ckpt NAME=PATH ...]``
+
+Tests every model of the leaderboard YAML on its test set and writes leaderboard.md / .csv / .json / .png to
+``--out`` (default: the YAML's ``out``), printing the Markdown table. Exit status 2 on a bad YAML or argument,
+1 when a model's evaluation failed (its row says why), 0 otherwise (skipped rows included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, write_outputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grounding.leaderboard", description=__doc__.split("\n\n")[1])
+    p.add_argument("--config", default="experiments/leaderboard/world.yaml", help="a leaderboard YAML")
+    p.add_argument("--out", help="output folder (default: the YAML's out)")
+    p.add_argument("--ckpt", action="append", default=[], metavar="NAME=PATH",
+                   help="test this checkpoint for the model NAME (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="evaluate only these models (repeatable)")
+    args = p.parse_args(argv)
+    try:
+        board = load_leaderboard(args.config)
+        names = {m.name: m for m in board.models}
+        for item in args.ckpt:
+            name, sep, path = item.partition("=")
+            if not sep or name not in names:
+                raise LeaderboardError(f"--ckpt {item}: expected NAME=PATH with NAME one of {sorted(names)}")
+            names[name].ckpt = path
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            raise LeaderboardError(f"--only {unknown[0]}: not a model of {args.config}; one of {sorted(names)}")
+        rows = evaluate(board, args.only or None, log=lambda line: print(line, file=sys.stderr, flush=True))
+    except LeaderboardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = write_outputs(rows, board, args.out)
+    print(markdown_table(rows, board.test_set), end="")
+    print(f"wrote {out}/leaderboard.md, .csv, .json and .png", file=sys.stderr)
+    return 1 if any(str(r.get("status", "")).startswith("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""The leaderboard: what it reads (a YAML of a test set and its models), how it tests each model, what it writes.
+
+A leaderboard YAML (``experiments/leaderboard/*.yaml``)::
+
+    test_set:
+      name: world
+      captions: {class_path: data_modules.FlickrDataModule, init_args: {root: data/world/flickr}}
+      world_meta: data/world/world.json         # compositional: the test captions naming a held-out pair
+      compositional_split: null                 # or an MCD split file (Karpathy JSON): its t2i R@1
+    out: reports/leaderboard/world
+    models:
+      - {name: COMPOSER, paper: COMPOSER, config: experiments/composer/composer_world.yaml,
+         ckpt: outputs/composer/world/checkpoints/last.ckpt, command: make composer}
+      - {name: SemCLIP, paper: SemCLIP, command: make semclip,
+         semclip: {vlm: suite:..., transform: .../transform.pt, ste: .../embedding}, runs: [...]}
+
+A LightningModule's row: ``python -m grounding test --config <config> --ckpt_path <ckpt>`` with one override, the
+test set's caption DataModule as the stage's ``data`` (VG-BERT's caption stages) or as COMPOSER's
+``data.init_args.captions`` (COMPOSER and its baselines), so every model reads the same images and captions; its
+batch sizes and the linked text/image settings stay the stage's. Recalls come from the score matrix the module
+kept (``module.scored["test"]``) through :func:`grounding.retrieval.retrieval_metrics`, the function the stage's
+own ``test`` logs with, and are checked against what it logged. Compositional R@1: text->image R@1 of the test
+captions naming one of the world's held-out attribute–object pairs, or, with ``compositional_split``, of a second
+test run on that split (an MCD split of real data). SemCLIP's row: its content store (the test set's training
+captions as the text bank, the test images ingested by Eq. 7, each test caption a query) on its VLM.
+
+Columns: the recalls and rsum, compositional R@1, training time and epochs (``fit_record.json`` of the model's
+run folders, summed), parameters (all, and trainable when trained by the suite), and milliseconds per text
+query (the whole test run's wall time over its captions: image encoding included, caches warm after a first
+run). A model whose files are missing is a skipped row naming the command that makes them.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import yaml
+from lightning.pytorch import Callback
+from matplotlib.figure import Figure
+
+from grounding.cli import ConfigError, resolved_config, run_test_subcommand
+from grounding.composer.data import held_out_pair_mask
+from grounding.lightning import FIT_RECORD
+from grounding.paths import resolve_path
+from grounding.retrieval import RetrievalScores, retrieval_metrics, subset_t2i_recalls
+from grounding.semclip.alignment import load_transform
+from grounding.semclip.ste import STEEmbedding
+from grounding.semclip.store import SemCLIPStore
+from grounding.semclip.vlm import load_vlm
+from grounding.utils.io import atomic_path, atomic_write_json, atomic_write_text
+
+COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
+RECALLS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
+COLUMNS = ("model", "paper", *RECALLS, "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m",
+           "ms_per_query", "status", "command")
+# a row's recalls and the stage's own logged test metrics agree to this (percent points; float32 logging)
+AGREEMENT = 1e-3
+
+
+class LeaderboardError(ValueError):
+    """A leaderboard YAML, test set or model entry that cannot be used (one line, exit status 2)."""
+
+
+@dataclass
+class TestSet:
+    """The images and captions every model is tested on (``captions``: a caption DataModule's class_path and
+    init_args; its ``test`` split), and where the compositional column comes from."""
+
+    name: str
+    captions: dict
+    world_meta: str | None = None
+    compositional_split: str | None = None
+
+
+@dataclass
+class ModelEntry:
+    """One row: a suite LightningModule (``config`` + ``ckpt``) or SemCLIP (``semclip``: vlm, transform, ste,
+    query_mode), the ``command`` that makes its files, and the run folders whose training time it sums."""
+
+    name: str
+    command: str
+    paper: str = ""
+    config: str | None = None
+    ckpt: str | None = None
+    semclip: dict | None = None
+    runs: list[str] = field(default_factory=list)
+
+    def run_folders(self) -> list[Path]:
+        if self.runs:
+            return [resolve_path(r) for r in self.runs]
+        return [resolve_path(self.ckpt).parent.parent] if self.ckpt else []
+
+
+@dataclass
+class Leaderboard:
+    test_set: TestSet
+    models: list[ModelEntry]
+    out: str
+    source: str = ""
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _need(mapping: dict, key: str, kind, where: str):
+    value = mapping.get(key)
+    if not isinstance(value, kind):
+        raise LeaderboardError(f"{where}: `{key}` must be a {getattr(kind, '__name__', kind)}; got {value!r}")
+    return value
+
+
+def load_leaderboard(path: str | Path) -> Leaderboard:
+    """Read and check a leaderboard YAML (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LeaderboardError(f"--config {path}: no such file; give a leaderboard YAML such as "
+                               "experiments/leaderboard/world.yaml")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise LeaderboardError(f"{path}: not readable YAML ({' '.join(str(e).split())}); fix the file") from None
+    if not isinstance(cfg, dict):
+        raise LeaderboardError(f"{path}: expected a mapping with test_set, models and out")
+    ts = _need(cfg, "test_set", dict, str(path))
+    captions = _need(ts, "captions", dict, f"{path}: test_set")
+    if not isinstance(captions.get("class_path"), str):
+        raise LeaderboardError(f"{path}: test_set.captions needs a class_path (a caption DataModule such as "
+                               "data_modules.FlickrDataModule) and its init_args")
+    test_set = TestSet(str(ts.get("name") or path.stem), {"class_path": captions["class_path"],
+                                                           "init_args": dict(captions.get("init_args") or {})},
+                       ts.get("world_meta"), ts.get("compositional_split"))
+    models = []
+    for i, m in enumerate(_need(cfg, "models", list, str(path))):
+        where = f"{path}: models[{i}]"
+        if not isinstance(m, dict):
+            raise LeaderboardError(f"{where}: expected a mapping (name, command, config + ckpt or semclip)")
+        entry = ModelEntry(name=_need(m, "name", str, where), command=_need(m, "command", str, where),
+                           paper=str(m.get("paper") or ""), config=m.get("config"), ckpt=m.get("ckpt"),
+                           semclip=m.get("semclip"), runs=list(m.get("runs") or []))
+        if entry.semclip is None and not (entry.config and entry.ckpt):
+            raise LeaderboardError(f"{where} ({entry.name}): give `config` and `ckpt` (a suite LightningModule) or "
+                                   "`semclip` (vlm, transform, ste)")
+        if entry.semclip is not None and not all(isinstance(entry.semclip.get(k), str) for k in ("vlm", "transform", "ste")):
+            raise LeaderboardError(f"{where} ({entry.name}): semclip needs vlm, transform and ste paths")
+        models.append(entry)
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise LeaderboardError(f"{path}: model names must be distinct; got {names}")
+    return Leaderboard(test_set, models, str(cfg.get("out") or f"reports/leaderboard/{test_set.name}"), str(path))
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+class TestLoopTimer(Callback):
+    """Wall seconds of the test loop alone (its batches and the module's epoch-end scoring; not the model's
+    construction, the checkpoint's loading or the DataModule's setup): the per-query latency column."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._start = None
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._start = time.perf_counter()
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+TIMER_ARGS = [f"--trainer.callbacks+={TestLoopTimer.__module__}.{TestLoopTimer.__name__}"]
+
+
+def _test_seconds(cli) -> float:
+    return next(c.seconds for c in cli.trainer.callbacks if isinstance(c, TestLoopTimer))
+
+
+def _missing_files(entry: ModelEntry) -> list[str]:
+    if entry.semclip is not None:
+        spec = entry.semclip["vlm"]
+        files = [entry.semclip["transform"], entry.semclip["ste"]]
+        if spec.startswith("suite:"):
+            files.append(spec.removeprefix("suite:"))
+    else:
+        files = [entry.ckpt]
+    return [f for f in files if not resolve_path(f).exists()]
+
+
+def _caption_override(data_class: str, captions: dict, world_meta: str | None) -> dict:
+    """The stage's data section pointed at ``captions``: COMPOSER's DataModule wraps a caption DataModule."""
+    if data_class == COMPOSER_DATA:
+        return {"data": {"init_args": {"captions": captions, "world_meta": world_meta}}}
+    return {"data": captions}
+
+
+def _split_captions(captions: dict, split_file: str) -> dict:
+    """The test set's caption DataModule reading an MCD split file (Karpathy JSON) test-only."""
+    args = dict(captions["init_args"], karpathy_file=str(resolve_path(split_file)), captions_file=None, test_only=True)
+    return {"class_path": captions["class_path"], "init_args": args}
+
+
+def _flat_captions(dataset) -> list[str]:
+    return [c for caps in dataset.captions for c in caps]
+
+
+def _fit_records(entry: ModelEntry) -> tuple[float | None, int | None]:
+    """Training minutes (summed over the run folders) and the last folder's epochs; None when unrecorded."""
+    seconds, epochs = 0.0, None
+    for folder in entry.run_folders():
+        try:
+            record = json.loads((folder / FIT_RECORD).read_text(encoding="utf-8"))
+            seconds += float(record["seconds"])
+            epochs = int(record["epochs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, None
+    return seconds / 60.0, epochs
+
+
+def _count(module: torch.nn.Module) -> tuple[float, float]:
+    params = list({id(p): p for p in module.parameters()}.values())
+    return sum(p.numel() for p in params) / 1e6, sum(p.numel() for p in params if p.requires_grad) / 1e6
+
+
+def _scored_row(scored, texts: list[str], world_meta: str | None) -> dict:
+    """Recalls of a kept score matrix, and compositional R@1 over the world's held-out-pair captions."""
+    row = {k: retrieval_metrics(scored.scores, scored.caption_image)[k] for k in RECALLS}
+    if world_meta:
+        mask = torch.from_numpy(held_out_pair_mask([texts[int(i)] for i in scored.caption_index], resolve_path(world_meta)))
+        row["compositional_r1"] = subset_t2i_recalls(scored.scores, scored.caption_image, mask, ks=(1,)).get("t2i_r1")
+    return row
+
+
+def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path) -> dict:
+    """A suite LightningModule's row: its own test loop on the test set (and on the compositional split)."""
+    try:
+        cfg = resolved_config(entry.config)
+    except ConfigError as e:
+        raise LeaderboardError(f"{entry.name}: {e}") from None
+    data_class = str((cfg.get("data") or {}).get("class_path"))
+    override = _caption_override(data_class, test_set.captions, test_set.world_meta)
+    cli = run_test_subcommand(entry.config, entry.ckpt, workdir, [override], TIMER_ARGS)
+    seconds = _test_seconds(cli)
+    scored = getattr(cli.model, "scored", {}).get("test")
+    if scored is None:
+        raise LeaderboardError(f"{entry.name}: its test loop kept no score matrix ({type(cli.model).__name__} is not a "
+                               "retrieval stage of the suite?)")
+    texts = _flat_captions(cli.datamodule.test_dataset)
+    row = _scored_row(scored, texts, test_set.world_meta)
+    logged = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
+    off = {k: (row[k], logged[k]) for k in RECALLS if k in logged and abs(row[k] - logged[k]) > AGREEMENT}
+    if off:
+        raise LeaderboardError(f"{entry.name}: the leaderboard's recalls differ from the stage's own test: {off}")
+    net = getattr(cli.model, "net", None) or cli.model
+    row["params_m"], row["trainable_m"] = _count(net)
+    row["ms_per_query"] = 1000.0 * seconds / max(scored.scores.shape[1], 1)
+    row["logged"] = logged
+    if test_set.compositional_split:
+        split = _caption_override(data_class, _split_captions(test_set.captions, test_set.compositional_split), None)
+        comp = run_test_subcommand(entry.config, entry.ckpt, workdir, [split])
+        row["compositional_r1"] = retrieval_metrics(comp.model.scored["test"].scores,
+                                                    comp.model.scored["test"].caption_image)["t2i_r1"]
+    return row
+
+
+def _caption_datamodule(captions: dict):
+    module, _, name = captions["class_path"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        raise LeaderboardError(f"test_set.captions.class_path {captions['class_path']!r}: no such class") from None
+    dm = cls(**captions["init_args"])
+    dm.setup()
+    return dm
+
+
+def _semclip_scores(entry: ModelEntry, captions: dict) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
+    dm = _caption_datamodule(captions)
+    test, train = dm.test_dataset, dm.train_dataset
+    transform, _ = load_transform(resolve_path(entry.semclip["transform"]))
+    ste = STEEmbedding.load(resolve_path(entry.semclip["ste"]))
+    spec = entry.semclip["vlm"]
+    vlm = load_vlm(f"suite:{resolve_path(spec.removeprefix('suite:'))}" if spec.startswith("suite:") else spec)
+    texts = _flat_captions(test)
+    start = time.perf_counter()
+    store = SemCLIPStore(vlm, transform, ste, query_mode=entry.semclip.get("query_mode", "ste"))
+    store.add_texts(_flat_captions(train))  # the text bank: the training captions (test captions never tag images)
+    store.ingest(images=[str(p) for p in test.image_paths])
+    scores = store.scores(texts).T.contiguous()  # (I, N)
+    seconds = time.perf_counter() - start
+    network = getattr(vlm, "net", None) or getattr(vlm, "model", None)  # the suite adapter's net, CLIP's model
+    vlm_m = _count(network)[0] if isinstance(network, torch.nn.Module) else 0.0
+    # trained by SemCLIP: Γ_t and the STE table (the VLM is used as given)
+    trained = _count(transform)[0] + ste.vectors.numel() / 1e6
+    return scores, test.caption_image_index, texts, seconds, (vlm_m + trained, trained)
+
+
+def evaluate_semclip(entry: ModelEntry, test_set: TestSet) -> dict:
+    """SemCLIP's row: its content store on its VLM, queried with every test caption."""
+    scores, caption_image, texts, seconds, (params, trainable) = _semclip_scores(entry, test_set.captions)
+    scored = RetrievalScores(scores.float(), caption_image, torch.arange(len(texts)))
+    row = _scored_row(scored, texts, test_set.world_meta)
+    row.update(params_m=params, trainable_m=trainable, ms_per_query=1000.0 * seconds / max(len(texts), 1))
+    if test_set.compositional_split:
+        comp, comp_image, *_ = _semclip_scores(entry, _split_captions(test_set.captions, test_set.compositional_split))
+        row["compositional_r1"] = retrieval_metrics(comp.float(), comp_image)["t2i_r1"]
+    return row
+
+
+def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[str], None] = print) -> list[dict]:
+    """Every model's row (skipped when its files are missing, an error line when its evaluation fails)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="leaderboard-") as workdir:
+        for entry in board.models:
+            if only and entry.name not in only:
+                continue
+            row = {"model": entry.name, "paper": entry.paper, "command": entry.command}
+            missing = _missing_files(entry)
+            if missing:
+                row["status"] = f"skipped: no {missing[0]}"
+                log(f"{entry.name}: skipped ({row['status'][9:]}); make it with `{entry.command}`")
+                rows.append(row)
+                continue
+            start = time.perf_counter()
+            try:
+                row.update(evaluate_semclip(entry, board.test_set) if entry.semclip is not None
+                           else evaluate_stage(entry, board.test_set, workdir))
+                row["status"] = "ok"
+            except (LeaderboardError, ValueError, OSError, RuntimeError) as e:
+                row["status"] = f"error: {' '.join(str(e).split())[:300]}"
+            row["train_minutes"], row["epochs"] = _fit_records(entry)
+            log(f"{entry.name}: {row['status']}" + (f", rsum {row['rsum']:.1f}" if row["status"] == "ok" else "")
+                + f" ({time.perf_counter() - start:.0f}s)")
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ writing
+def _fmt(key: str, value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.2f}" if key in ("params_m", "trainable_m") else f"{value:.1f}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict], test_set: TestSet) -> str:
+    comp = "comp. R@1" + (" (held-out pairs)" if test_set.world_meta else " (MCD split)" if test_set.compositional_split else "")
+    head = ["model", "paper", "t2i R@1", "R@5", "R@10", "i2t R@1", "R@5", "R@10", "rsum", comp, "train min",
+            "epochs", "params M", "trainable M", "ms/query"]
+    keys = ["model", "paper", *RECALLS, "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m",
+            "ms_per_query"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        if row.get("status") == "ok":
+            lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k in keys) + " |")
+        else:
+            reason = row.get("status", "")
+            lines.append(f"| {row['model']} | {row.get('paper', '')} | {reason}: `{row['command']}` |"
+                         + " |" * (len(head) - 3))
+    return "\n".join(lines) + "\n"
+
+
+def plot_bars(rows: list[dict], path: str | Path, title: str) -> Path:
+    """rsum of every evaluated model as bars (compositional R@1 beside it when known); skipped rows left out."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    fig = Figure(figsize=(max(6.0, 1.1 * len(ok) + 2), 4.2), dpi=120)
+    ax = fig.add_subplot()
+    x = range(len(ok))
+    ax.bar([i - 0.2 for i in x], [r["rsum"] for r in ok], width=0.4, color="tab:blue", label="rsum (of 600)")
+    ax2 = ax.twinx()
+    ax2.bar([i + 0.2 for i in x], [r.get("compositional_r1") or 0.0 for r in ok], width=0.4, color="tab:orange",
+            label="compositional t2i R@1 (%)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["model"] for r in ok], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("rsum")
+    ax2.set_ylabel("compositional R@1 (%)")
+    ax.set_title(title, fontsize=10)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(path)
+
+
+def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None = None) -> Path:
+    """``leaderboard.md``, ``leaderboard.csv``, ``leaderboard.json`` and ``leaderboard.png`` (each atomically)."""
+    out = Path(out or board.out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Leaderboard: {board.test_set.name}"
+    md = markdown_table(rows, board.test_set)
+    atomic_write_text(out / "leaderboard.md", f"# {title}\n\nFrom `{board.source}`.\n\n{md}")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    atomic_write_text(out / "leaderboard.csv", buf.getvalue())
+    atomic_write_json(out / "leaderboard.json", {"source": board.source, "test_set": vars(board.test_set),
+                                                 "columns": list(COLUMNS), "rows": rows}, indent=2)
+    plot_bars(rows, out / "leaderboard.png", title)
+    return out

@@ -1,0 +1,120 @@
+"""The leaderboard: its YAMLs, its bad-input lines, and its numbers equal to each stage's own `test` on the same
+checkpoint (a VG-BERT caption stage tested on COMPOSER's data, and a COMPOSER-family baseline with the world's
+compositional captions)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+
+import pytest
+import yaml
+
+from grounding.cli import main as cli_main
+from grounding.cli import resolved_config
+from grounding.leaderboard import LeaderboardError, evaluate, load_leaderboard, write_outputs
+from grounding.leaderboard.__main__ import main as leaderboard_main
+from grounding.paths import EXPERIMENTS_DIR
+
+BOARDS = sorted((EXPERIMENTS_DIR / "leaderboard").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.name for p in BOARDS])
+def test_leaderboard_yamls_name_configs_that_parse(path):
+    board = load_leaderboard(path)
+    assert len(board.models) >= 6 and board.test_set.captions["class_path"] == "data_modules.FlickrDataModule"
+    for entry in board.models:
+        assert entry.command.startswith("make ")
+        if entry.config:
+            cfg = resolved_config(entry.config)  # parses as `python -m grounding test` would
+            assert cfg["model"]["class_path"] and cfg["data"]["class_path"]
+    if path.stem == "world":  # every retrieval model of the suite
+        names = {m.name for m in board.models}
+        assert {"VG-BERT stage 1", "VG-BERT search heads", "CLIP-style dual encoder", "COMPOSER", "VSE", "ViLBERT-style",
+                "ViLBERT + MVSA", "SemCLIP on the dual encoder"} == names
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[1, 2", "not readable YAML"),
+    ("models: []", "test_set"),
+    ("test_set: {captions: {init_args: {}}}\nmodels: []", "class_path"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x}]", "config` and `ckpt"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: x, command: make y, config: c, ckpt: k}]", "distinct"),
+])
+def test_bad_leaderboard_yaml_is_one_line_and_exit_2(tmp_path, capsys, text, match):
+    path = tmp_path / "board.yaml"
+    path.write_text(text)
+    with pytest.raises(LeaderboardError, match=match):
+        load_leaderboard(path)
+    assert leaderboard_main(["--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and not (tmp_path / "out").exists()
+    assert leaderboard_main(["--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def _tiny_config(tmp_path, name: str, base: str, world, net: dict, data: dict) -> str:
+    cfg = {"base": str(EXPERIMENTS_DIR / base), "model": {"init_args": {"net": {"init_args": net}}},
+           "data": {"init_args": data},
+           "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _fit(config: str, out) -> str:
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={out}"])
+    return str(out / "checkpoints" / "last.ckpt")
+
+
+def _own_test(config: str, ckpt: str, out, *extra) -> dict:
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli = cli_main(["test", "--config", config, *extra, "--ckpt_path", ckpt, f"--trainer.default_root_dir={out}"])
+    return {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
+
+
+def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None}
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
+    stage1 = _tiny_config(tmp_path, "stage1", "vgbert/stage1_tiny.yaml", tiny_world, {**offline, "visual_heads": 4},
+                          {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8})
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "image_size": 64, "dim": 32},
+                       {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
+                        "resize_size": 64})
+    ckpts = {"stage1": _fit(stage1, tmp_path / "run_stage1"), "vse": _fit(vse, tmp_path / "run_vse")}
+    # each stage's own `test` on the leaderboard's test set (VG-BERT's caption stage reads the world's Flickr layout)
+    own = {"stage1": _own_test(stage1, ckpts["stage1"], tmp_path / "t1", "--data", "data_modules.FlickrDataModule",
+                               f"--data.init_args.root={tiny_world / 'flickr'}"),
+           "vse": _own_test(vse, ckpts["vse"], tmp_path / "t2")}
+    board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "world_meta": str(tiny_world / "world.json")},
+                  "out": str(tmp_path / "board"),
+                  "models": [{"name": "stage 1", "config": stage1, "ckpt": ckpts["stage1"], "command": "make stage1"},
+                             {"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
+                             {"name": "missing", "config": vse, "ckpt": str(tmp_path / "none.ckpt"),
+                              "command": "make vilbert"}]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
+    board = load_leaderboard(tmp_path / "board.yaml")
+    rows = {r["model"]: r for r in evaluate(board, log=lambda line: None)}
+    for name, key in (("stage 1", "stage1"), ("VSE", "vse")):
+        row = rows[name]
+        assert row["status"] == "ok", row["status"]
+        for metric in ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum"):
+            assert row[metric] == pytest.approx(own[key][metric], abs=1e-3), (name, metric)
+        assert row["params_m"] > row["trainable_m"] > 0 and row["ms_per_query"] > 0
+        assert row["train_minutes"] is not None and row["epochs"] == 1  # fit_record.json of the run folder
+    # the compositional captions: the same R@1 the COMPOSER-family stage logs itself
+    assert rows["VSE"]["compositional_r1"] == pytest.approx(own["vse"]["compositional/t2i_r1"], abs=1e-3)
+    assert rows["missing"]["status"].startswith("skipped") and rows["missing"]["command"] == "make vilbert"
+    out = write_outputs(list(rows.values()), board)
+    md = (out / "leaderboard.md").read_text()
+    assert "| stage 1 |" in md and "skipped" in md and "`make vilbert`" in md
+    table = list(csv.DictReader((out / "leaderboard.csv").open()))
+    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing"]
+    assert json.loads((out / "leaderboard.json").read_text())["rows"][0]["status"] == "ok"
+    assert (out / "leaderboard.png").stat().st_size > 1000
