@@ -184,12 +184,14 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
 # .png). The demo's models are made by `make demo` when missing, then the COMPOSER baselines.
 LEADERBOARD ?= experiments/leaderboard/world.yaml
+WORLD_LEADERBOARD := experiments/leaderboard/world.yaml
 leaderboard: install  ## every retrieval model of the suite on the world's test split, one table + bar chart (makes missing models first)
-	@test -f $(STAGE3_OUT)/checkpoints/last.ckpt -a -f $(COMPOSER_OUT)/checkpoints/last.ckpt -a -f $(SEMCLIP_OUT)/transform.pt \
-	  || { echo "the demo's models are missing: running make demo first"; $(MAKE) --no-print-directory demo; }
-	@test -f $(VSE_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vse
-	@test -f $(VILBERT_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert
-	@test -f $(VILBERT_MVSA_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert-mvsa
+	@set -e; if [ "$(LEADERBOARD)" = "$(WORLD_LEADERBOARD)" ]; then \
+	  test -f $(STAGE3_OUT)/checkpoints/last.ckpt -a -f $(COMPOSER_OUT)/checkpoints/last.ckpt -a -f $(SEMCLIP_OUT)/transform.pt \
+	    || { echo "the demo's models are missing: running make demo first"; $(MAKE) --no-print-directory demo; }; \
+	  test -f $(VSE_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vse; \
+	  test -f $(VILBERT_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert; \
+	  test -f $(VILBERT_MVSA_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert-mvsa; fi
 	$(PY) -m grounding.leaderboard --config $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
 leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test photos (+ MCD split); a missing model is a row naming its command

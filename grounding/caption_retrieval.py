@@ -31,7 +31,7 @@ class CaptionRetrievalModule(GroundingModule):
         self.feature_cache_dir = feature_cache_dir
         self.eval_fold_size = eval_fold_size
         self._eval: dict[str, list] = {}
-        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
+        self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
 
     def frozen_backbone(self) -> nn.Module:
         """The frozen CNN whose maps the feature-cache callback stores (``model.visual.backbone``)."""
@@ -95,13 +95,21 @@ class CaptionRetrievalModule(GroundingModule):
         with torch.no_grad():
             scores = self.eval_scores(img, txt, mask)
         metrics = retrieval_metrics(scores, rows, fold_size=self.eval_fold_size)
-        # columns in loader order: each image's captions in file order, images in split order
-        self.scored[split] = RetrievalScores(scores.float().cpu(), rows.cpu(), torch.arange(len(rows)))
+        if split == "test":  # kept for the leaderboard, columns in the split's flat caption order
+            self.scored[split] = flat_caption_order(scores, rows)
         for k, v in metrics.items():
             self.log(f"{split}/{k}", v, prog_bar=k == "rsum", rank_zero_only=False, sync_dist=False)
 
     def compute_loss(self, similarity):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def flat_caption_order(scores: torch.Tensor, rows: torch.Tensor) -> RetrievalScores:
+    """A score matrix (I, N) with its columns in the split's flat caption order (image by image, each image's
+    captions in file order): a stable sort by image undoes the distributed sampler's interleaving, since each
+    image's captions arrive together, in order, in one eval item."""
+    order = torch.argsort(rows, stable=True)
+    return RetrievalScores(scores[:, order].float().cpu(), rows[order].cpu(), torch.arange(len(rows)))
 
 
 def pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:

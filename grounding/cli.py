@@ -222,15 +222,16 @@ def resolved_config(config: str | Path, overrides: Sequence[dict] = ()) -> dict:
 def run_test_subcommand(config: str | Path, ckpt: str | Path, workdir: str | Path, overrides: Sequence[dict] = (),
                     extra_args: Sequence[str] = ()) -> GroundingCLI:
     """``python -m grounding test --config <config> [--config <override>...] --ckpt_path <ckpt>`` from Python, on
-    one device, without a logger or callbacks, writing nothing but its config under ``workdir``. The returned
+    one device, over the whole test split, without a logger or callbacks, writing nothing but its config under
+    ``workdir``. The returned
     CLI holds the trainer (``callback_metrics``), the model and the DataModule of the run."""
     args = ["test", "--config", str(config)]
     for extra in overrides:
         args += ["--config", yaml.safe_dump(extra)]
     args += ["--ckpt_path", str(ckpt), "--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.devices=1",
              "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.enable_progress_bar=false",
-             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={workdir}", "--verbose=false",
-             *extra_args]
+             "--trainer.enable_model_summary=false", "--trainer.limit_test_batches=1.0",
+             f"--trainer.default_root_dir={workdir}", "--verbose=false", *extra_args]
     with quiet_cli():
         return main(args)
 

@@ -90,32 +90,45 @@ class GroundingModule(LightningModule):
 
 class FitRecord(Callback):
     """``<default_root_dir>/fit_record.json``: the wall time and epochs of the run's training, rewritten
-    (atomically) after every training epoch. A resumed fit (``--ckpt_path``) adds its segment to the
-    record; a fresh fit starts a new one. The leaderboard reads it for its training-time column."""
+    (atomically) after every training epoch. A resumed fit (``--ckpt_path``) continues the record: segments
+    from the restored epoch on are dropped (a resume from an earlier checkpoint retrains them) and a new one
+    added; a fresh fit starts a new record at its first epoch. The leaderboard reads it for its training-time
+    column. Only global rank 0 writes."""
 
     def __init__(self):
         self.started: float | None = None
         self.segments: list[dict] = []
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # before the restore and the feature cache: all of the fit's time
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after the checkpoint's restore: current_epoch is the epoch this segment starts at
         path = Path(trainer.default_root_dir) / FIT_RECORD
+        first = int(trainer.current_epoch)
         self.segments = []
-        if trainer.ckpt_path and path.is_file():  # a resume continues the record
+        if trainer.ckpt_path and path.is_file():
             try:
-                self.segments = list(json.loads(path.read_text(encoding="utf-8")).get("segments") or [])
-            except (OSError, ValueError, AttributeError):
+                old = json.loads(path.read_text(encoding="utf-8")).get("segments") or []
+                self.segments = [seg for seg in old if int(seg.get("first_epoch", 0)) < first]
+            except (OSError, ValueError, AttributeError, TypeError):
                 self.segments = []
         self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              "first_epoch": int(trainer.current_epoch), "seconds": 0.0})
+                              "first_epoch": first, "seconds": 0.0, "epochs": 0})
+        self._write(trainer)  # a fresh fit replaces an older run's record at once
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self.started is None or not trainer.is_global_zero or trainer.sanity_checking or trainer.fast_dev_run:
+        if self.started is None or not self.segments or trainer.sanity_checking:
             return
         segment = self.segments[-1]
         segment.update(seconds=round(time.perf_counter() - self.started, 1), epochs=int(trainer.current_epoch) + 1
                        - segment["first_epoch"], last_epoch=int(trainer.current_epoch), steps=int(trainer.global_step))
+        self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        if not trainer.is_global_zero or trainer.fast_dev_run:
+            return
         atomic_write_json(Path(trainer.default_root_dir) / FIT_RECORD, {
             "seconds": round(sum(s["seconds"] for s in self.segments), 1),
-            "epochs": int(trainer.current_epoch) + 1, "steps": int(trainer.global_step),
+            "epochs": sum(int(s.get("epochs", 0)) for s in self.segments), "steps": int(trainer.global_step),
             "devices": int(trainer.num_devices), "segments": self.segments}, indent=2)

@@ -45,7 +45,7 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if parts[0] == "benchmarks":
         return 5
-    if len(parts) >= 2 and parts[1] == "leaderboard":
+    if parts[0] == "grounding" and len(parts) >= 2 and parts[1] == "leaderboard":
         return 4
     if parts[0] == "data_modules":
         return 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_composer_model import tiny_graph
+from test_composer_model import tiny_graph, tiny_net
 
 from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.composer.batch import composition_batch
@@ -105,10 +105,10 @@ def test_training_step_backpropagates_into_both_towers():
     assert all(p.grad is None for p in net.backbone.parameters())  # the frozen backbone
 
 
-def test_evaluation_equals_retrieval_metrics(monkeypatch):
+def _run_test_loop(module, monkeypatch):
+    """The module's test loop over 3 random images and the tiny graph's 3 captions; returns what it logged."""
     graph, tables, _ = tiny_graph()
     split = SplitGraph(graph, tables, np.zeros(graph.n_captions, dtype=bool))
-    module = VSETraining(tiny_vse())
     logged = {}
     monkeypatch.setattr(module, "log", lambda key, value, **kw: logged.__setitem__(key, value))
     images = {"images": torch.randn(3, 3, 32, 32), "image_index": torch.arange(3)}
@@ -117,6 +117,13 @@ def test_evaluation_equals_retrieval_metrics(monkeypatch):
         module.test_step(images, 0, dataloader_idx=0)
         module.test_step(captions, 0, dataloader_idx=1)
         module.on_test_epoch_end()
+    return logged, images, captions
+
+
+def test_evaluation_equals_retrieval_metrics(monkeypatch):
+    module = VSETraining(tiny_vse())
+    logged, images, captions = _run_test_loop(module, monkeypatch)
+    with torch.no_grad():
         regions, mask = module.net.embed_regions(images["images"])
         sim = module.net(regions, mask, captions["caption_ids"], captions["caption_mask"])
         phrases = module.net.encode_images(regions, mask) @ module.net.encode_texts(captions["phrase_ids"],
@@ -181,11 +188,66 @@ def test_vilbert_text_stream_keeps_the_pretrained_layers_and_the_schedule():
         tiny_vilbert(image_layers=0)
 
 
+def test_vilbert_runs_its_layers_in_vilberts_order():
+    """ViLBERT's encoder loop (t_biattention_id = the top K text layers, v_biattention_id = image layers 0..K-1):
+    before co-attention block i, the image layers [v_prev, i) and text layers [t_prev, T-K+i); after the last
+    block, the remaining layers of both streams. The segments between blocks must hold the same layers."""
+    t, k, v = 4, 2, 3
+    net = tiny_vilbert(text_layers=t, coattention_layers=k, image_layers=v)
+    calls = []
+    hooks = [m.register_forward_hook(lambda *_, key=key: calls.append(key)) for key, m in
+             [(("text", i), layer) for i, layer in enumerate(net.text_encoder.encoder.layer)]
+             + [(("text", t - k + i), layer) for i, layer in enumerate(net.text_layers)]
+             + [(("image", i), layer) for i, layer in enumerate(net.image_layers)]
+             + [(("co", i), block) for i, block in enumerate(net.co_attention)]]
+    regions, region_mask = net.embed_regions(torch.randn(1, 3, 32, 32))
+    net(regions, region_mask, torch.tensor([[2, 40, 41, 3]]), torch.ones(1, 4, dtype=torch.bool), torch.tensor([0]),
+        torch.tensor([0]))
+    for h in hooks:
+        h.remove()
+    expected, t_start, v_start = [], 0, 0
+    for i, (v_end, t_end) in enumerate(zip(range(k), range(t - k, t))):  # ViLBERT's BertEncoder.forward
+        expected += [("image", j) for j in range(v_start, v_end)] + [("text", j) for j in range(t_start, t_end)]
+        expected.append(("co", i))
+        v_start, t_start = v_end, t_end
+    expected += [("image", j) for j in range(v_start, v)] + [("text", j) for j in range(t_start, t)]
+
+    def segments(seq):  # the layers between co-attention blocks (the two streams' order within one is free)
+        out, cur = [], set()
+        for key in seq:
+            if key[0] == "co":
+                out += [cur, key]
+                cur = set()
+            else:
+                cur.add(key)
+        return out + [cur]
+
+    assert segments(calls) == segments(expected)
+
+
+def test_composer_loads_checkpoints_from_before_the_coattention_block():
+    net = tiny_net()
+    old = {}
+    for key, value in net.state_dict().items():  # the names the Composition Transformer used to write
+        if key.startswith("composition.co_attention."):
+            index, direction, rest = key[len("composition.co_attention."):].split(".", 2)
+            key = f"composition.{direction}.{index}.{rest}"
+        old[key] = value.clone()
+    assert any(k.startswith("composition.text_from_image.") for k in old)
+    fresh = tiny_net()
+    torch.nn.init.normal_(fresh.composition.co_attention[0].text_from_image.query.weight)
+    fresh.load_state_dict(old, strict=True)
+    for (k, a), (_, b) in zip(net.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
 def test_text_encoders_train_with_dropout():
     """from_pretrained returns eval mode and Lightning keeps it: every text encoder is switched to train mode."""
     for net in (Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2,
                          co_dim=16, co_heads=2, ct_layers=1), VSE(text_encoder="tiny-random", backbone="tiny_cnn",
-                                                                  backbone_weights=None), tiny_vilbert().train()):
+                                                                  backbone_weights=None),
+                ViLBERT(text_encoder="tiny-random", text_layers=2, backbone="tiny_cnn", backbone_weights=None,
+                        image_layers=1, coattention_layers=1, image_dim=16, image_heads=2, co_dim=16, co_heads=2)):
         encoder = getattr(net, "predicate_transformer", None) or net.text_encoder
         assert all(m.training for m in encoder.modules())
 
@@ -260,17 +322,9 @@ def test_vilbert_mvsa_scores_each_concept_text_hand_checked(monkeypatch):
 
 
 def test_vilbert_evaluation_equals_retrieval_metrics(monkeypatch):
-    graph, tables, _ = tiny_graph()
-    split = SplitGraph(graph, tables, np.zeros(graph.n_captions, dtype=bool))
     module = ViLBERTTraining(tiny_vilbert(), eval_pair_chunk=4)  # chunks that split an image's captions
-    logged = {}
-    monkeypatch.setattr(module, "log", lambda key, value, **kw: logged.__setitem__(key, value))
-    images = {"images": torch.randn(3, 3, 32, 32), "image_index": torch.arange(3)}
-    captions = split.batch([0, 1, 2], phrase_seed=0)
+    logged, images, captions = _run_test_loop(module, monkeypatch)
     with torch.no_grad():
-        module.test_step(images, 0, dataloader_idx=0)
-        module.test_step(captions, 0, dataloader_idx=1)
-        module.on_test_epoch_end()
         regions, mask = module.net.embed_regions(images["images"])
         pi, pc = torch.arange(3).repeat_interleave(3), torch.arange(3).repeat(3)
         sim = module.net(regions, mask, captions["caption_ids"], captions["caption_mask"], pi, pc).view(3, 3)

@@ -88,6 +88,8 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
                        {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
                         "resize_size": 64})
     ckpts = {"stage1": _fit(stage1, tmp_path / "run_stage1"), "vse": _fit(vse, tmp_path / "run_vse")}
+    subset = str(tmp_path / "subset.yaml")
+    (tmp_path / "subset.yaml").write_text(yaml.safe_dump({"base": stage1, "data": {"init_args": {"test_subset": 2}}}))
     # each stage's own `test` on the leaderboard's test set (VG-BERT's caption stage reads the world's Flickr layout)
     own = {"stage1": _own_test(stage1, ckpts["stage1"], tmp_path / "t1", "--data", "data_modules.FlickrDataModule",
                                f"--data.init_args.root={tiny_world / 'flickr'}"),
@@ -97,7 +99,9 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
                   "models": [{"name": "stage 1", "config": stage1, "ckpt": ckpts["stage1"], "command": "make stage1"},
                              {"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
                              {"name": "missing", "config": vse, "ckpt": str(tmp_path / "none.ckpt"),
-                              "command": "make vilbert"}]}
+                              "command": "make vilbert"},
+                             # a stage config that keeps a test_subset of its own: not the same test set
+                             {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
     board = load_leaderboard(tmp_path / "board.yaml")
     rows = {r["model"]: r for r in evaluate(board, log=lambda line: None)}
@@ -111,10 +115,27 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     # the compositional captions: the same R@1 the COMPOSER-family stage logs itself
     assert rows["VSE"]["compositional_r1"] == pytest.approx(own["vse"]["compositional/t2i_r1"], abs=1e-3)
     assert rows["missing"]["status"].startswith("skipped") and rows["missing"]["command"] == "make vilbert"
+    assert rows["subset"]["status"].startswith("error") and "not the test set's" in rows["subset"]["status"]
     out = write_outputs(list(rows.values()), board)
     md = (out / "leaderboard.md").read_text()
     assert "| stage 1 |" in md and "skipped" in md and "`make vilbert`" in md
     table = list(csv.DictReader((out / "leaderboard.csv").open()))
-    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing"]
+    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset"]
     assert json.loads((out / "leaderboard.json").read_text())["rows"][0]["status"] == "ok"
     assert (out / "leaderboard.png").stat().st_size > 1000
+
+    # --only re-tests one model and keeps the other rows of the table already written
+    assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--only", "missing"]) == 0
+    merged = json.loads((out / "leaderboard.json").read_text())["rows"]
+    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset"] and merged[0]["status"] == "ok"
+
+
+def test_bad_test_set_is_one_line_before_any_model(tmp_path, capsys):
+    board = {"test_set": {"captions": {"class_path": "data_modules.FlickrDataModule",
+                                       "init_args": {"root": str(tmp_path / "nowhere")}}},
+             "models": [{"name": "x", "config": "c.yaml", "ckpt": "k.ckpt", "command": "make x"}]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board))
+    assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: test_set") and "FlickrDataModule cannot read it" in err[-1]
+    assert not (tmp_path / "out").exists()

@@ -26,7 +26,7 @@ from grounding.encoders import load_text_encoder
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import vse_hinge_loss
 from grounding.nets import RecordedNet
-from grounding.precision import dot_similarity
+from grounding.precision import dot_similarity, full_precision
 
 from .hard_negatives import HARD_NEGATIVE_MODES
 from .losses import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
@@ -148,7 +148,7 @@ class VSETraining(RegionRetrievalModule):
         return losses["loss"]
 
     @torch.no_grad()
-    def score_caption_batch(self, batch, regions, region_mask):
+    def score_caption_batch(self, batch, regions, region_mask, split="test"):
         """cos(x, y) of every image and caption of the batch, and of every image and phrase query."""
         images = self.net.encode_images(regions, region_mask)
         dev = regions.device
@@ -161,6 +161,10 @@ class VSETraining(RegionRetrievalModule):
 
 
 # ------------------------------------------------------------------------------------------ ViLBERT-style
+TEXT_POOLINGS = ("cls", "mean")
+EVAL_PHRASES = ("test", "always", "never")
+
+
 class ViLBERT(RecordedNet):
     """ViLBERT as COMPOSER's paper configures it (App. C): a text stream of ``text_layers`` layers of ``text_encoder``
     (paper 12 of bert-base-uncased; null: all), an image stream of ``image_layers`` transformer layers (paper 6) over
@@ -174,17 +178,24 @@ class ViLBERT(RecordedNet):
     mean region feature at the whole-image box. Score: θᵀ(ReLU(W_t h_[CLS]) ⊙ ReLU(W_v h_[V-CLS])), ViLBERT's
     poolers into the co-attention width and its retrieval head. Widths as ViLBERT's: ``image_dim`` 1024,
     ``image_heads`` 8, ``image_ffn_dim`` 1024, ``co_dim`` 1024, ``co_heads`` 8 (the text side keeps the encoder's).
-    Regions as :class:`grounding.composer.model.Composer`'s (``grid`` | ``files`` | ``boxes``).
+    Regions as :class:`grounding.composer.model.Composer`'s (``grid`` | ``files`` | ``boxes``). ``norm_first``: pre-LN
+    image layers and co-attention blocks (paper: post-LN, as BERT; the pretrained text layers stay post-LN).
+    ``text_pooling``: ``cls`` (ViLBERT's h_[CLS]) or ``mean`` over the text tokens, for a text encoder whose [CLS] was
+    never trained (a sentence-transformers model such as the offline MiniLM, trained with mean pooling: its [CLS]
+    output hardly varies between captions, and a world run with ``cls`` stayed at chance).
     """
 
     def __init__(self, text_encoder: str = "minilm", text_layers: int | None = None, region_source: str = "grid",
                  backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
                  image_size: int = 224, image_layers: int = 6, coattention_layers: int = 6, image_dim: int = 1024,
                  image_heads: int = 8, image_ffn_dim: int = 1024, co_dim: int = 1024, co_heads: int = 8,
-                 dropout: float = 0.1):
+                 norm_first: bool = False, text_pooling: str = "cls", dropout: float = 0.1):
         super().__init__()
+        if text_pooling not in TEXT_POOLINGS:
+            raise ValueError(f"text_pooling must be one of {TEXT_POOLINGS}; got {text_pooling!r}")
         self.region_source = region_source
         self.image_size = image_size
+        self.text_pooling = text_pooling
         overrides = {} if text_layers is None else {"num_hidden_layers": text_layers}
         bert = load_text_encoder(text_encoder, **overrides)
         bert.train()  # from_pretrained gives eval mode, which Lightning keeps: dropout would never act
@@ -205,11 +216,11 @@ class ViLBERT(RecordedNet):
         text_dim = config.hidden_size
         self.backbone, region_dim = region_backbone(region_source, backbone, backbone_weights, region_dim)
         self.regions = RegionEmbedding(region_dim, image_dim, dropout)
-        self.image_layers = nn.ModuleList(AttentionBlock(image_dim, image_heads, image_ffn_dim, dropout)
-                                          for _ in range(image_layers))
+        self.image_layers = nn.ModuleList(AttentionBlock(image_dim, image_heads, image_ffn_dim, dropout,
+                                                         norm_first=norm_first) for _ in range(image_layers))
         self.co_attention = nn.ModuleList(
             CoAttentionBlock(text_dim, image_dim, co_dim, co_heads, config.intermediate_size, image_ffn_dim, dropout,
-                             text_eps=config.layer_norm_eps) for _ in range(k))
+                             norm_first, text_eps=config.layer_norm_eps) for _ in range(k))
         self.text_pool = nn.Sequential(nn.Linear(text_dim, co_dim), nn.ReLU())
         self.image_pool = nn.Sequential(nn.Linear(image_dim, co_dim), nn.ReLU())
         self.theta = nn.Linear(co_dim, 1)
@@ -240,7 +251,13 @@ class ViLBERT(RecordedNet):
         text = self.text_layers[last](text, None, text_mask)
         for layer in self.image_layers[last:]:
             image = layer(image, None, image_mask)
-        return self.theta(self.text_pool(text[:, 0]) * self.image_pool(image[:, 0])).squeeze(-1)
+        pooled = text[:, 0] if self.text_pooling == "cls" else masked_mean(text, text_mask)
+        return self.alignment_score(pooled, image[:, 0])
+
+    @full_precision
+    def alignment_score(self, text: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """θᵀ(pool_t(text) ⊙ pool_v(image)) in float32 (under bf16 autocast, scores 4 apart would tie at 0.03)."""
+        return self.theta(self.text_pool(text) * self.image_pool(image)).squeeze(-1)
 
     def forward(self, regions, region_mask, ids, mask, pair_image, pair_caption) -> torch.Tensor:
         """s(x, y) of the pairs (``pair_image[p]``, ``pair_caption[p]``) of images and texts."""
@@ -258,24 +275,28 @@ class ViLBERTTraining(RegionRetrievalModule):
     same-height concept of the random negative caption, as for COMPOSER) and s(x⁻, c), each s a cross-encoder run on
     the concept's own text; ``mvsa_max_concepts`` samples at most that many concepts a caption (null: all, the
     paper's sum). ``concept_reduction`` as COMPOSER's. Evaluation: every (image, caption) pair cross-encoded, and
-    every phrase query's text against every image (Table 5's phrase R@1), ``eval_pair_chunk`` pairs at a time.
+    every phrase query's text against every image (Table 5's phrase R@1; ``eval_phrases``: ``test`` only, the
+    default, since phrases multiply a validation's cross-encoder pairs up to 6x; ``always``; ``never``),
+    ``eval_pair_chunk`` pairs at a time.
     """
 
     def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
                  mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
-                 eval_pair_chunk: int = 2048, feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 eval_pair_chunk: int = 2048, eval_phrases: str = "test", feature_cache: bool = True, feature_cache_dir: str | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
             raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVE_MODES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
-        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "eval_pair_chunk"])
+        if eval_phrases not in EVAL_PHRASES:
+            raise ValueError(f"eval_phrases must be one of {EVAL_PHRASES}; got {eval_phrases!r}")
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "eval_pair_chunk", "eval_phrases"])
         self.net = self.adopt_net(net)
         self.hard_negatives = hard_negatives
         self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
         self.mvsa_max_concepts, self.concept_reduction = mvsa_max_concepts, concept_reduction
-        self.eval_pair_chunk = eval_pair_chunk
+        self.eval_pair_chunk, self.eval_phrases = eval_pair_chunk, eval_phrases
         self.feature_cache = feature_cache and self.net.backbone is not None
         self.feature_cache_dir = feature_cache_dir
 
@@ -353,12 +374,13 @@ class ViLBERTTraining(RegionRetrievalModule):
             out[start:start + len(pi)] = self.net.cross(text[pt], mask[pt], regions[pi], region_mask[pi]).to(out.dtype)
         return out.view(n_img, n_text)
 
-    def score_caption_batch(self, batch, regions, region_mask):
-        """Every caption, and every phrase query, cross-encoded with every image."""
+    def score_caption_batch(self, batch, regions, region_mask, split="test"):
+        """Every caption, and every phrase query (``eval_phrases``), cross-encoded with every image."""
         dev = regions.device
         sentence = self.all_pair_scores(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev), regions, region_mask)
+        wanted = self.eval_phrases == "always" or self.eval_phrases == "test" and split == "test"
         phrases = None
-        if "phrase_ids" in batch:
+        if "phrase_ids" in batch and wanted:
             phrases = self.all_pair_scores(batch["phrase_ids"].to(dev), batch["phrase_mask"].to(dev), regions, region_mask)
         return sentence, phrases
 

@@ -148,7 +148,7 @@ class _TrainCollate:
 
 
 class _CaptionCollate:
-    def __init__(self, split: SplitGraph, phrase_seed: int):
+    def __init__(self, split: SplitGraph, phrase_seed: int | None):
         self.split, self.phrase_seed = split, phrase_seed
 
     def __call__(self, captions):
@@ -184,7 +184,7 @@ class ComposerDataModule(GroundingDataModule):
     ``backend``/``parse_workers``: the constituency parser (``python -m grounding.composer check-parser``).
     ``degrade``: Table 7's parse degradation, applied to every split's trees (seeded by ``seed``).
     ``world_meta``: the embedded world's ``world.json``; its held-out attribute–object pairs mark the
-    compositional test captions. ``phrase_seed``: draws Table 5's phrase queries. ``region_files``: a
+    compositional test captions. ``phrase_seed``: draws Table 5's phrase queries (null: none). ``region_files``: a
     folder of per-image ``.npz`` or a bottom-up-attention ``.tsv`` of detector regions (the network's
     ``region_source: files``; see :mod:`data_modules.regions`); without it batches carry images.
     ``region_boxes``: Visual Genome's ``objects.json`` (image sizes from ``image_data.json`` beside it): batches
@@ -196,7 +196,7 @@ class ComposerDataModule(GroundingDataModule):
     """
 
     def __init__(self, captions: CaptionDataModule, backend: str = DEFAULT_BACKEND, parse_workers: int = 1,
-                 degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int = 0, region_files: str | None = None,
+                 degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int | None = 0, region_files: str | None = None,
                  region_boxes: str | None = None, max_boxes: int = 100, hard_negatives: str = "batch",
                  hard_negative_pool_size: int = 100, hard_negative_embeddings: str | None = None,
                  text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,

@@ -16,10 +16,8 @@ compound divergence, the MCD split marked, the random splits' divergence range o
 
 from __future__ import annotations
 
-import csv
 import importlib
 import inspect
-import io
 import json
 import tempfile
 import time
@@ -33,7 +31,7 @@ from matplotlib.figure import Figure
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.cli import ConfigError, run_test_subcommand
 from grounding.cli import resolved_config as cli_resolved_config
-from grounding.utils.io import atomic_path, atomic_write_json, atomic_write_text
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json
 
 MCD_FILE = "mcd.json"
 GRADED_DIR = "graded"
@@ -182,12 +180,7 @@ def split_row(split: SplitFile, result: dict, seconds: float | None = None) -> d
 def write_table(rows: Sequence[dict], out: str | Path, info: dict | None = None) -> None:
     """``splits.csv`` (the :data:`COLUMNS`) and ``splits.json`` (``info`` + every row with all its metrics)."""
     out = Path(out)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    atomic_write_text(out / "splits.csv", buf.getvalue())
+    atomic_write_csv(out / "splits.csv", rows, COLUMNS)
     atomic_write_json(out / "splits.json", {**(info or {}), "columns": list(COLUMNS), "splits": list(rows)}, indent=2)
 
 

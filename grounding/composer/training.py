@@ -41,7 +41,7 @@ class RegionRetrievalModule(GroundingModule):
     def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
         self._eval: dict[str, dict[str, list]] = {}
-        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
+        self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -68,9 +68,10 @@ class RegionRetrievalModule(GroundingModule):
                                       batch.get("region_mask"))
 
     # ---------------------------------------------------------------- evaluation
-    def score_caption_batch(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor,
+    def score_caption_batch(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, split: str = "test",
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(sentence scores (I, C), phrase scores (I, Q) or None) of one caption batch against all I images."""
+        """(sentence scores (I, C), phrase scores (I, Q) or None) of one caption batch against all I images of
+        ``split`` (val / test)."""
         raise NotImplementedError
 
     def _eval_step(self, batch, dataloader_idx: int, split: str):
@@ -108,7 +109,7 @@ class RegionRetrievalModule(GroundingModule):
         sentence, caption_ids, caption_image, compositional = [], [], [], []
         hit_batches = []
         for batch in store["captions"]:
-            s, p = self.score_caption_batch(batch, regions, mask)
+            s, p = self.score_caption_batch(batch, regions, mask, split)
             sentence.append(s.T)
             caption_ids.append(batch["captions"].to(s.device))
             caption_image.append(batch["caption_image_index"].to(s.device))
@@ -125,8 +126,10 @@ class RegionRetrievalModule(GroundingModule):
         # with limit_*_batches only some images were embedded: score the captions of those images
         keep = keep[torch.isin(caption_image[keep], image_index.to(caption_image.device))]
         rows = torch.searchsorted(image_index.to(caption_image.device), caption_image[keep])
-        self.scored[split] = RetrievalScores(sentence[keep].T.float().cpu(), rows.cpu(), caption_ids[keep].cpu())
-        metrics = composer_metrics(sentence[keep].T.float().cpu(), rows.cpu(), compositional[keep].bool().cpu(),
+        scores = sentence[keep].T.float().cpu()
+        if split == "test":  # kept for the leaderboard (test only: a validation matrix would sit in memory all fit)
+            self.scored[split] = RetrievalScores(scores, rows.cpu(), caption_ids[keep].cpu())
+        metrics = composer_metrics(scores, rows.cpu(), compositional[keep].bool().cpu(),
                                    phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
         for key, value in metrics.items():
             self.log(f"{split}/{key}", value, prog_bar=key == "rsum", rank_zero_only=False, sync_dist=False)
@@ -218,7 +221,7 @@ class ComposerTraining(RegionRetrievalModule):
                 self.log(f"train/{name}", losses[name], batch_size=b)
         return losses["loss"]
 
-    def score_caption_batch(self, batch, regions, region_mask):
+    def score_caption_batch(self, batch, regions, region_mask, split="test"):
         """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``)."""
         return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k)
 

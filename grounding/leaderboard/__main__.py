@@ -1,8 +1,9 @@
 """``python -m grounding.leaderboard --config experiments/leaderboard/world.yaml [--out DIR] [--ckpt NAME=PATH ...]``
 
 Tests every model of the leaderboard YAML on its test set and writes leaderboard.md / .csv / .json / .png to
-``--out`` (default: the YAML's ``out``), printing the Markdown table. Exit status 2 on a bad YAML or argument,
-1 when a model's evaluation failed (its row says why), 0 otherwise (skipped rows included).
+``--out`` (default: the YAML's ``out``), printing the Markdown table; with ``--only``, the given models' rows
+replace theirs in the table already there. Exit status 2 on a bad YAML, test set or argument, 1 when a model
+tested by this run failed (its row says why), 0 otherwise (skipped rows included).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, write_outputs
+from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, write_outputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
             name, sep, path = item.partition("=")
             if not sep or name not in names:
                 raise LeaderboardError(f"--ckpt {item}: expected NAME=PATH with NAME one of {sorted(names)}")
+            if names[name].semclip is not None:
+                raise LeaderboardError(f"--ckpt {item}: {name} is SemCLIP (a VLM, Γ_t and an STE, no checkpoint); edit "
+                                       "its semclip block in the YAML instead")
             names[name].ckpt = path
+            names[name].runs = []  # its training time: the given checkpoint's run folder
         unknown = [n for n in args.only if n not in names]
         if unknown:
             raise LeaderboardError(f"--only {unknown[0]}: not a model of {args.config}; one of {sorted(names)}")
@@ -36,10 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    failed = any(str(r.get("status", "")).startswith("error") for r in rows)  # this run's rows
+    if args.only:  # a partial run updates its rows of the table already there
+        rows = merge_rows(rows, args.out or board.out, board)
     out = write_outputs(rows, board, args.out)
     print(markdown_table(rows, board.test_set), end="")
     print(f"wrote {out}/leaderboard.md, .csv, .json and .png", file=sys.stderr)
-    return 1 if any(str(r.get("status", "")).startswith("error") for r in rows) else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

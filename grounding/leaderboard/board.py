@@ -32,10 +32,11 @@ run). A model whose files are missing is a skipped row naming the command that m
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import importlib
 import io
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
 from grounding.semclip.vlm import load_vlm
-from grounding.utils.io import atomic_path, atomic_write_json, atomic_write_text
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text, sha1_of_json
 
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
 RECALLS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
@@ -74,6 +75,8 @@ class LeaderboardError(ValueError):
 class TestSet:
     """The images and captions every model is tested on (``captions``: a caption DataModule's class_path and
     init_args; its ``test`` split), and where the compositional column comes from."""
+
+    __test__ = False  # not a pytest class
 
     name: str
     captions: dict
@@ -161,6 +164,8 @@ class TestLoopTimer(Callback):
     """Wall seconds of the test loop alone (its batches and the module's epoch-end scoring; not the model's
     construction, the checkpoint's loading or the DataModule's setup): the per-query latency column."""
 
+    __test__ = False  # not a pytest class
+
     def __init__(self):
         self.seconds = 0.0
         self._start = None
@@ -191,9 +196,10 @@ def _missing_files(entry: ModelEntry) -> list[str]:
 
 
 def _caption_override(data_class: str, captions: dict, world_meta: str | None) -> dict:
-    """The stage's data section pointed at ``captions``: COMPOSER's DataModule wraps a caption DataModule."""
+    """The stage's data section pointed at ``captions``: COMPOSER's DataModule wraps a caption DataModule (its
+    phrase queries off: they are no column, and a cross-encoder would score each against every image)."""
     if data_class == COMPOSER_DATA:
-        return {"data": {"init_args": {"captions": captions, "world_meta": world_meta}}}
+        return {"data": {"init_args": {"captions": captions, "world_meta": world_meta, "phrase_seed": None}}}
     return {"data": captions}
 
 
@@ -205,6 +211,54 @@ def _split_captions(captions: dict, split_file: str) -> dict:
 
 def _flat_captions(dataset) -> list[str]:
     return [c for caps in dataset.captions for c in caps]
+
+
+@dataclass
+class Reference:
+    """What every row must have been tested on: the test split's size and caption texts (sha1 in flat order)."""
+
+    images: int
+    captions: int
+    sha1: str
+    train_captions: list[str]
+
+    @classmethod
+    def of(cls, dm) -> "Reference":
+        texts = _flat_captions(dm.test_dataset)
+        return cls(len(dm.test_dataset), len(texts), sha1_of_json(texts), _flat_captions(dm.train_dataset))
+
+    def check(self, name: str, images: int, texts: list[str]) -> None:
+        if (images, len(texts), sha1_of_json(texts)) != (self.images, self.captions, self.sha1):
+            raise LeaderboardError(f"{name}: tested on {images} images / {len(texts)} captions, not the test set's "
+                                   f"{self.images} / {self.captions} (or other caption texts): the stage config overrides "
+                                   "the test set's data (a test_subset, a caption file); remove that key")
+
+
+def reference_data(test_set: TestSet, compositional: bool = False):
+    """The test set's caption DataModule, built and set up (one clear :class:`LeaderboardError` when it cannot be):
+    the reference every row is checked against."""
+    captions = _split_captions(test_set.captions, test_set.compositional_split) if compositional else test_set.captions
+    where = f"test_set ({test_set.name})"
+    if test_set.world_meta and not resolve_path(test_set.world_meta).is_file():
+        raise LeaderboardError(f"{where}: world_meta {test_set.world_meta} does not exist; generate the world with "
+                               "`make world` (or point world_meta at its world.json)")
+    if compositional and not resolve_path(test_set.compositional_split).is_file():
+        raise LeaderboardError(f"{where}: compositional_split {test_set.compositional_split} does not exist; make the "
+                               "MCD split first (`make leaderboard-flickr8k` does: python -m grounding.composer mcd ...)")
+    module, _, name = captions["class_path"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        raise LeaderboardError(f"{where}: captions.class_path {captions['class_path']!r} is no importable class "
+                               "(e.g. data_modules.FlickrDataModule)") from None
+    try:
+        dm = cls(**captions["init_args"])
+        dm.setup()
+    except Exception as e:  # noqa: BLE001 - a reader's own error: reported as one line of the YAML's test set
+        raise LeaderboardError(f"{where}: {captions['class_path']} cannot read it: {' '.join(str(e).split())[:400]}") from None
+    if not len(dm.test_dataset):
+        raise LeaderboardError(f"{where}: its test split is empty; point captions.init_args at data with a test split")
+    return dm
 
 
 def _fit_records(entry: ModelEntry) -> tuple[float | None, int | None]:
@@ -234,21 +288,41 @@ def _scored_row(scored, texts: list[str], world_meta: str | None) -> dict:
     return row
 
 
-def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path) -> dict:
+def _stage_test(entry: ModelEntry, data_class: str, captions: dict, world_meta: str | None, workdir,
+                reference: Reference, what: str = ""):
+    """The stage's own test loop on ``captions``, checked to have scored exactly the reference's captions.
+    Returns the CLI, the kept score matrix, the split's flat caption texts and the loop's seconds."""
+    name = f"{entry.name}{what}"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            cli = run_test_subcommand(entry.config, entry.ckpt, workdir, [_caption_override(data_class, captions, world_meta)],
+                                      TIMER_ARGS)
+    except SystemExit as e:  # jsonargparse's usage error: its last line says what
+        last = next((ln for ln in reversed(err.getvalue().splitlines()) if ln.strip()), f"exit status {e.code}")
+        raise LeaderboardError(f"{name}: `python -m grounding test` stopped: {last.strip()}") from None
+    scored = getattr(cli.model, "scored", {}).get("test")
+    if scored is None:
+        raise LeaderboardError(f"{name}: its test loop kept no score matrix ({type(cli.model).__name__} is not a "
+                               "retrieval stage of the suite?)")
+    texts = _flat_captions(cli.datamodule.test_dataset)
+    reference.check(name, len(cli.datamodule.test_dataset), texts)
+    if scored.scores.shape != (reference.images, reference.captions):
+        raise LeaderboardError(f"{name}: its test loop scored {tuple(scored.scores.shape)} (images, captions), not "
+                               f"({reference.images}, {reference.captions}): the stage config limits its test batches")
+    return cli, scored, texts, _test_seconds(cli)
+
+
+def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, reference: Reference,
+                   compositional_reference: Reference | None = None) -> dict:
     """A suite LightningModule's row: its own test loop on the test set (and on the compositional split)."""
     try:
         cfg = resolved_config(entry.config)
     except ConfigError as e:
         raise LeaderboardError(f"{entry.name}: {e}") from None
     data_class = str((cfg.get("data") or {}).get("class_path"))
-    override = _caption_override(data_class, test_set.captions, test_set.world_meta)
-    cli = run_test_subcommand(entry.config, entry.ckpt, workdir, [override], TIMER_ARGS)
-    seconds = _test_seconds(cli)
-    scored = getattr(cli.model, "scored", {}).get("test")
-    if scored is None:
-        raise LeaderboardError(f"{entry.name}: its test loop kept no score matrix ({type(cli.model).__name__} is not a "
-                               "retrieval stage of the suite?)")
-    texts = _flat_captions(cli.datamodule.test_dataset)
+    cli, scored, texts, seconds = _stage_test(entry, data_class, test_set.captions, test_set.world_meta, workdir,
+                                              reference)
     row = _scored_row(scored, texts, test_set.world_meta)
     logged = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
     off = {k: (row[k], logged[k]) for k in RECALLS if k in logged and abs(row[k] - logged[k]) > AGREEMENT}
@@ -256,38 +330,26 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path) ->
         raise LeaderboardError(f"{entry.name}: the leaderboard's recalls differ from the stage's own test: {off}")
     net = getattr(cli.model, "net", None) or cli.model
     row["params_m"], row["trainable_m"] = _count(net)
-    row["ms_per_query"] = 1000.0 * seconds / max(scored.scores.shape[1], 1)
+    row["ms_per_query"] = 1000.0 * seconds / max(len(texts), 1)
     row["logged"] = logged
-    if test_set.compositional_split:
-        split = _caption_override(data_class, _split_captions(test_set.captions, test_set.compositional_split), None)
-        comp = run_test_subcommand(entry.config, entry.ckpt, workdir, [split])
-        row["compositional_r1"] = retrieval_metrics(comp.model.scored["test"].scores,
-                                                    comp.model.scored["test"].caption_image)["t2i_r1"]
+    if compositional_reference is not None:
+        split = _split_captions(test_set.captions, test_set.compositional_split)
+        _, comp, _, _ = _stage_test(entry, data_class, split, None, workdir, compositional_reference,
+                                    " (compositional split)")
+        row["compositional_r1"] = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
     return row
 
 
-def _caption_datamodule(captions: dict):
-    module, _, name = captions["class_path"].rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        raise LeaderboardError(f"test_set.captions.class_path {captions['class_path']!r}: no such class") from None
-    dm = cls(**captions["init_args"])
-    dm.setup()
-    return dm
-
-
-def _semclip_scores(entry: ModelEntry, captions: dict) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
-    dm = _caption_datamodule(captions)
-    test, train = dm.test_dataset, dm.train_dataset
+def _semclip_scores(entry: ModelEntry, dm, bank: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
+    test = dm.test_dataset
     transform, _ = load_transform(resolve_path(entry.semclip["transform"]))
     ste = STEEmbedding.load(resolve_path(entry.semclip["ste"]))
     spec = entry.semclip["vlm"]
     vlm = load_vlm(f"suite:{resolve_path(spec.removeprefix('suite:'))}" if spec.startswith("suite:") else spec)
     texts = _flat_captions(test)
-    start = time.perf_counter()
     store = SemCLIPStore(vlm, transform, ste, query_mode=entry.semclip.get("query_mode", "ste"))
-    store.add_texts(_flat_captions(train))  # the text bank: the training captions (test captions never tag images)
+    store.add_texts(bank)  # the text bank: the training captions (a test caption never tags an image)
+    start = time.perf_counter()  # latency: ingesting the test images and answering every query, not the bank
     store.ingest(images=[str(p) for p in test.image_paths])
     scores = store.scores(texts).T.contiguous()  # (I, N)
     seconds = time.perf_counter() - start
@@ -298,20 +360,29 @@ def _semclip_scores(entry: ModelEntry, captions: dict) -> tuple[torch.Tensor, to
     return scores, test.caption_image_index, texts, seconds, (vlm_m + trained, trained)
 
 
-def evaluate_semclip(entry: ModelEntry, test_set: TestSet) -> dict:
-    """SemCLIP's row: its content store on its VLM, queried with every test caption."""
-    scores, caption_image, texts, seconds, (params, trainable) = _semclip_scores(entry, test_set.captions)
+def evaluate_semclip(entry: ModelEntry, test_set: TestSet, dm, compositional_dm=None) -> dict:
+    """SemCLIP's row: its content store on its VLM, queried with every test caption; the bank is the training
+    captions of the test set's DataModule (also for the compositional split)."""
+    bank = _flat_captions(dm.train_dataset)
+    scores, caption_image, texts, seconds, (params, trainable) = _semclip_scores(entry, dm, bank)
     scored = RetrievalScores(scores.float(), caption_image, torch.arange(len(texts)))
     row = _scored_row(scored, texts, test_set.world_meta)
     row.update(params_m=params, trainable_m=trainable, ms_per_query=1000.0 * seconds / max(len(texts), 1))
-    if test_set.compositional_split:
-        comp, comp_image, *_ = _semclip_scores(entry, _split_captions(test_set.captions, test_set.compositional_split))
+    if compositional_dm is not None:
+        comp, comp_image, *_ = _semclip_scores(entry, compositional_dm, bank)
         row["compositional_r1"] = retrieval_metrics(comp.float(), comp_image)["t2i_r1"]
     return row
 
 
 def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[str], None] = print) -> list[dict]:
-    """Every model's row (skipped when its files are missing, an error line when its evaluation fails)."""
+    """Every model's row (skipped when its files are missing, an error line when its evaluation fails). The test
+    set is read first: a test set that cannot be read raises :class:`LeaderboardError`."""
+    dm = reference_data(board.test_set)
+    reference = Reference.of(dm)
+    comp_dm = reference_data(board.test_set, compositional=True) if board.test_set.compositional_split else None
+    comp_reference = Reference.of(comp_dm) if comp_dm is not None else None
+    log(f"test set {board.test_set.name}: {reference.images} images, {reference.captions} captions"
+        + (f"; compositional split {comp_reference.images} / {comp_reference.captions}" if comp_reference else ""))
     rows = []
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as workdir:
         for entry in board.models:
@@ -326,10 +397,10 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 continue
             start = time.perf_counter()
             try:
-                row.update(evaluate_semclip(entry, board.test_set) if entry.semclip is not None
-                           else evaluate_stage(entry, board.test_set, workdir))
+                row.update(evaluate_semclip(entry, board.test_set, dm, comp_dm) if entry.semclip is not None
+                           else evaluate_stage(entry, board.test_set, workdir, reference, comp_reference))
                 row["status"] = "ok"
-            except (LeaderboardError, ValueError, OSError, RuntimeError) as e:
+            except Exception as e:  # noqa: BLE001 - one model's failure is its row's error line, the others still run
                 row["status"] = f"error: {' '.join(str(e).split())[:300]}"
             row["train_minutes"], row["epochs"] = _fit_records(entry)
             log(f"{entry.name}: {row['status']}" + (f", rsum {row['rsum']:.1f}" if row["status"] == "ok" else "")
@@ -358,7 +429,7 @@ def markdown_table(rows: list[dict], test_set: TestSet) -> str:
         if row.get("status") == "ok":
             lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k in keys) + " |")
         else:
-            reason = row.get("status", "")
+            reason = row.get("status", "").replace("|", "\\|")
             lines.append(f"| {row['model']} | {row.get('paper', '')} | {reason}: `{row['command']}` |"
                          + " |" * (len(head) - 3))
     return "\n".join(lines) + "\n"
@@ -372,7 +443,8 @@ def plot_bars(rows: list[dict], path: str | Path, title: str) -> Path:
     x = range(len(ok))
     ax.bar([i - 0.2 for i in x], [r["rsum"] for r in ok], width=0.4, color="tab:blue", label="rsum (of 600)")
     ax2 = ax.twinx()
-    ax2.bar([i + 0.2 for i in x], [r.get("compositional_r1") or 0.0 for r in ok], width=0.4, color="tab:orange",
+    known = [i for i, r in enumerate(ok) if r.get("compositional_r1") is not None]  # unknown: no bar, not a zero
+    ax2.bar([i + 0.2 for i in known], [ok[i]["compositional_r1"] for i in known], width=0.4, color="tab:orange",
             label="compositional t2i R@1 (%)")
     ax.set_xticks(list(x))
     ax.set_xticklabels([r["model"] for r in ok], rotation=25, ha="right", fontsize=8)
@@ -387,19 +459,35 @@ def plot_bars(rows: list[dict], path: str | Path, title: str) -> Path:
     return Path(path)
 
 
+def _finite(value):
+    """JSON without bare NaN (a median rank of an empty split): None instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def merge_rows(rows: list[dict], out: str | Path, board: Leaderboard) -> list[dict]:
+    """``rows`` (an ``--only`` run) merged into the table already in ``out`` by model name, in the YAML's order."""
+    path = Path(out) / "leaderboard.json"
+    try:
+        old = {r["model"]: r for r in json.loads(path.read_text(encoding="utf-8")).get("rows", [])}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        old = {}
+    new = {r["model"]: r for r in rows}
+    return [new.get(m.name) or old[m.name] for m in board.models if m.name in new or m.name in old]
+
+
 def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None = None) -> Path:
     """``leaderboard.md``, ``leaderboard.csv``, ``leaderboard.json`` and ``leaderboard.png`` (each atomically)."""
     out = Path(out or board.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows = [_finite(r) for r in rows]
     title = f"Leaderboard: {board.test_set.name}"
     md = markdown_table(rows, board.test_set)
     atomic_write_text(out / "leaderboard.md", f"# {title}\n\nFrom `{board.source}`.\n\n{md}")
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    atomic_write_text(out / "leaderboard.csv", buf.getvalue())
+    atomic_write_csv(out / "leaderboard.csv", rows, COLUMNS)
     atomic_write_json(out / "leaderboard.json", {"source": board.source, "test_set": vars(board.test_set),
                                                  "columns": list(COLUMNS), "rows": rows}, indent=2)
     plot_bars(rows, out / "leaderboard.png", title)

@@ -9,13 +9,15 @@ mistake for a valid cache.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 
 @contextlib.contextmanager
@@ -56,6 +58,16 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = None) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False))
+
+
+def atomic_write_csv(path: str | os.PathLike, rows: Iterable[dict], columns: Sequence[str], digits: int = 4) -> Path:
+    """A table of ``rows`` (dicts; keys beyond ``columns`` ignored) as CSV, floats rounded to ``digits``."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: round(v, digits) if isinstance(v, float) else v for k, v in row.items()})
+    return atomic_write_text(path, buf.getvalue())
 
 
 def sha1_of_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:

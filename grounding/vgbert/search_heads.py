@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grounding import distributed as gdist
-from grounding.caption_retrieval import drop_sampler_repeats
+from grounding.caption_retrieval import drop_sampler_repeats, flat_caption_order
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
@@ -175,7 +175,7 @@ class SearchHeads(GroundingModule):
         self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self._init_loaded = False
         self._eval: dict[str, list] = {}
-        self.scored: dict[str, RetrievalScores] = {}  # the last evaluation's score matrix per split (leaderboard)
+        self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.hparams.init_from and not self._init_loaded and not self.trainer.ckpt_path:
@@ -234,8 +234,9 @@ class SearchHeads(GroundingModule):
         order = torch.argsort(image_index)
         q_i, image_index = q_i[order], image_index[order]
         rows = torch.searchsorted(image_index, cap_index)
-        scores = q_i @ q_w.t()
-        self.scored[split] = RetrievalScores(scores, rows, torch.arange(len(rows)))
+        scores = dot_similarity(q_i, q_w)
+        if split == "test":  # kept for the leaderboard, columns in the split's flat caption order
+            self.scored[split] = flat_caption_order(scores, rows)
         metrics = retrieval_metrics(scores, rows, fold_size=self.hparams.eval_fold_size)
         for k, v in metrics.items():
             self.log(f"{split}/{k}", v, prog_bar=k == "rsum", sync_dist=False)
