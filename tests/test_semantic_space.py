@@ -113,6 +113,20 @@ def test_lambda_max_zeroes_the_weights_and_approximate_loo_tracks_exact():
     assert np.abs(approx - exact).max() < 0.15
 
 
+def test_l1_logistic_regression_is_sparse_on_every_scikit_learn_spelling():
+    """Eq. 8's penalty is L1 whatever scikit-learn is installed: before 1.8 `l1_ratio` alone would leave the
+    default L2 (dense weights); the fit must zero the 18 noise features of 20 at a moderate lambda."""
+    assert property_norms.l1_penalty_args("1.7.2") == {"penalty": "l1"}
+    assert property_norms.l1_penalty_args("1.8.0") == {"l1_ratio": 1.0}
+    assert property_norms.l1_penalty_args("2.0.1rc1") == {"l1_ratio": 1.0}
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 20))
+    y = ((2 * X[:, 0] - 2 * X[:, 1] + 0.3 * rng.normal(size=200)) > 0).astype(int)
+    lam = property_norms.lambda_grid(X, y, n_lambdas=4, min_ratio=0.05)[1]
+    w, _ = property_norms._fit(X, y, lam, tol=1e-8)
+    assert w[0] > 0 > w[1] and np.count_nonzero(w) <= 4  # an L2 fit has 20 non-zero weights
+
+
 def test_balanced_loss_and_one_sided_wilcoxon():
     y = np.array([1, 0, 0, 0])
     m = np.array([0.0, 0.0, 0.0, 0.0])

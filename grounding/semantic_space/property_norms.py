@@ -27,12 +27,14 @@ base rate (all negative) and an unreadable feature scores F1 = 0 rather than "al
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import sklearn
 from scipy import stats
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -51,10 +53,18 @@ def lambda_grid(X: np.ndarray, y: np.ndarray, n_lambdas: int = 16, min_ratio: fl
     return lam_max * np.logspace(0, np.log10(min_ratio), n_lambdas)
 
 
+def l1_penalty_args(version: str = sklearn.__version__) -> dict:
+    """The L1 penalty in the spelling of the installed scikit-learn: ``penalty="l1"`` before 1.8 (where
+    ``l1_ratio`` alone is ignored and the default penalty is L2), ``l1_ratio=1.0`` from 1.8 on (where ``penalty``
+    is deprecated)."""
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    return {"l1_ratio": 1.0} if (major, minor) >= (1, 8) else {"penalty": "l1"}
+
+
 def _model(lam: float, max_iter: int, tol: float) -> LogisticRegression:
     # liblinear's L1 solver (newGLMNET) gives exact zeros; Eq. 8's lambda is 1/C. The intercept is
     # a constant feature with a large scale so that its L1 penalty is negligible (unpenalised).
-    return LogisticRegression(l1_ratio=1.0, C=1.0 / lam, solver="liblinear", intercept_scaling=100.0,
+    return LogisticRegression(**l1_penalty_args(), C=1.0 / lam, solver="liblinear", intercept_scaling=100.0,
                               max_iter=max_iter, tol=tol)
 
 
