@@ -110,8 +110,8 @@ class FitRecord(Callback):
         if trainer.ckpt_path and path.is_file():
             try:
                 old = json.loads(path.read_text(encoding="utf-8")).get("segments") or []
-                self.segments = [seg for seg in old if int(seg.get("first_epoch", 0)) < first]
-            except (OSError, ValueError, AttributeError, TypeError):
+                self.segments = [_until_epoch(seg, first) for seg in old if int(seg.get("first_epoch", 0)) < first]
+            except (OSError, ValueError, AttributeError, TypeError, KeyError):
                 self.segments = []
         self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "first_epoch": first, "seconds": 0.0, "epochs": 0})
@@ -132,3 +132,13 @@ class FitRecord(Callback):
             "seconds": round(sum(s["seconds"] for s in self.segments), 1),
             "epochs": sum(int(s.get("epochs", 0)) for s in self.segments), "steps": int(trainer.global_step),
             "devices": int(trainer.num_devices), "segments": self.segments}, indent=2)
+
+
+def _until_epoch(segment: dict, epoch: int) -> dict:
+    """A recorded training segment cut before ``epoch`` (a resume from an earlier checkpoint retrains the rest):
+    its epochs and, in proportion, its seconds."""
+    done = int(segment.get("epochs", 0))
+    keep = min(done, epoch - int(segment["first_epoch"]))
+    if keep >= done:
+        return segment
+    return dict(segment, epochs=keep, last_epoch=epoch - 1, seconds=round(float(segment["seconds"]) * keep / max(done, 1), 1))

@@ -139,3 +139,28 @@ def test_bad_test_set_is_one_line_before_any_model(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: test_set") and "FlickrDataModule cannot read it" in err[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_fit_record_segments_fresh_and_resumed(tmp_path):
+    from types import SimpleNamespace
+
+    from grounding.lightning import FIT_RECORD, FitRecord
+
+    def trainer(epoch, ckpt=None):
+        return SimpleNamespace(default_root_dir=str(tmp_path), ckpt_path=ckpt, current_epoch=epoch, global_step=10 * epoch,
+                               is_global_zero=True, fast_dev_run=False, sanity_checking=False, num_devices=1)
+
+    def run(first, last, ckpt=None):
+        rec = FitRecord()
+        rec.on_fit_start(trainer(0, ckpt), None)
+        rec.on_train_start(trainer(first, ckpt), None)
+        for epoch in range(first, last + 1):
+            rec.on_train_epoch_end(trainer(epoch, ckpt), None)
+        return json.loads((tmp_path / FIT_RECORD).read_text())
+
+    assert run(0, 3)["epochs"] == 4  # a fresh fit of epochs 0-3
+    resumed = run(4, 5, ckpt="last.ckpt")  # resumed after epoch 3: a second segment
+    assert resumed["epochs"] == 6 and [s["first_epoch"] for s in resumed["segments"]] == [0, 4]
+    earlier = run(2, 5, ckpt="epoch1.ckpt")  # resumed from epoch 1's checkpoint: epochs 2-5 retrained
+    assert earlier["epochs"] == 6 and [(s["first_epoch"], s["epochs"]) for s in earlier["segments"]] == [(0, 2), (2, 4)]
+    assert run(0, 0)["epochs"] == 1 and len(json.loads((tmp_path / FIT_RECORD).read_text())["segments"]) == 1  # fresh
