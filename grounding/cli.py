@@ -92,6 +92,11 @@ class GroundingCLI(LightningCLI):
         elif isinstance(args, (list, tuple)):
             args = expand_config_bases(list(args))
         super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:  # before LightningCLI reads the checkpoint's hyperparameters
+            section = self.config[subcommand]
+            section.ckpt_path = resolve_run_checkpoint(section.get("ckpt_path"), section.trainer.default_root_dir,
+                                                       subcommand)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -103,6 +108,31 @@ class GroundingCLI(LightningCLI):
             init_args = getattr(logger, "init_args", None)
             if init_args is not None and "save_dir" in init_args and init_args.save_dir is None:
                 init_args.save_dir = trainer.default_root_dir or "outputs"
+
+
+def resolve_run_checkpoint(ckpt_path: str | None, root_dir: str | None, subcommand: str) -> str | None:
+    """``--ckpt_path last`` / ``best`` as files of the run folder: ``<default_root_dir>/checkpoints/last.ckpt`` and the
+    newest ``best-*.ckpt`` (the stages' checkpoint callbacks are attached after Lightning would resolve these names,
+    so Lightning alone restarts a fit from scratch and tests an untrained model). A fit with no ``last.ckpt`` yet
+    starts fresh (a line says so); ``test``/``validate``/``predict`` without the file stop with one line, exit 2."""
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    folder = Path(root_dir or ".") / "checkpoints"
+    if ckpt_path == "last":
+        found = folder / "last.ckpt"
+        found = found if found.is_file() else None
+    else:
+        best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        found = best[-1] if best else None
+    if found is not None:
+        return str(found)
+    if subcommand == "fit" and ckpt_path == "last":
+        print(f"--ckpt_path last: no {folder / 'last.ckpt'} yet; starting a fresh fit", file=sys.stderr)
+        return None
+    what = "last.ckpt" if ckpt_path == "last" else "best-*.ckpt"
+    print(f"--ckpt_path {ckpt_path}: no {what} in {folder}; give the run's --trainer.default_root_dir (or a checkpoint "
+          "path), or train it first with `python -m grounding fit --config ...`", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def expand_config_bases(args: list[str]) -> list[str]:

@@ -72,3 +72,49 @@ def test_backbone_normalisation_matches_the_built_backbones():
         backbone = load_visual_backbone(name, weights=None)
         assert backbone_normalisation(name) == (backbone.mean, backbone.std)
     assert backbone_normalisation("efficientnet_lite0")[0] == (0.5, 0.5, 0.5)
+
+
+def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world, tmp_path, monkeypatch, capsys):
+    """`fit --ckpt_path last` continues from <default_root_dir>/checkpoints/last.ckpt (Lightning alone restarts from
+    epoch 0: the stages' checkpoint callbacks come after it resolves "last"); `test --ckpt_path last|best` tests
+    the run's files, and stops with one line and exit 2 when there are none."""
+    import contextlib
+    import io
+    import json
+
+    import torch
+
+    from grounding.cli import main
+    from grounding.paths import EXPERIMENTS_DIR
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "stage1.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": str(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"),
+        "model": {"init_args": {"net": {"init_args": {"text_encoder": "tiny-random", "backbone": "tiny_cnn",
+                                                      "backbone_weights": None, "visual_heads": 4}}}},
+        "data": {"init_args": {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8}},
+        "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
+                    "limit_train_batches": 2, "limit_val_batches": 1, "default_root_dir": str(tmp_path / "run")}}))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+
+    def run(*args):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return main([args[0], "--config", str(config), *args[1:]])
+
+    run("fit", "--trainer.max_epochs=1", "--ckpt_path=last")  # nothing to resume yet: a fresh fit, said so
+    assert "starting a fresh fit" in capsys.readouterr().err
+    assert torch.load(last, weights_only=False)["global_step"] == 2
+    run("fit", "--trainer.max_epochs=2", "--ckpt_path=last")  # resumes after epoch 0: epoch 1 only
+    ckpt = torch.load(last, weights_only=False)
+    assert ckpt["epoch"] == 1 and ckpt["global_step"] == 4
+    # one more epoch, not two from scratch: the run's record holds both segments
+    segments = json.loads((tmp_path / "run" / "fit_record.json").read_text())["segments"]
+    assert [(seg["first_epoch"], seg["epochs"]) for seg in segments] == [(0, 1), (1, 1)]
+    by_name = run("test", "--ckpt_path=last").trainer.callback_metrics["test/rsum"]
+    by_path = run("test", f"--ckpt_path={last}").trainer.callback_metrics["test/rsum"]
+    assert float(by_name) == float(by_path)
+    assert run("test", "--ckpt_path=best").trainer.callback_metrics["test/rsum"] is not None
+    with pytest.raises(SystemExit) as exit_info:
+        run("test", "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path / 'empty'}")
+    assert exit_info.value.code == 2 and "no best-*.ckpt in" in capsys.readouterr().err
