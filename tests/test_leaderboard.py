@@ -164,3 +164,23 @@ def test_fit_record_segments_fresh_and_resumed(tmp_path):
     earlier = run(2, 5, ckpt="epoch1.ckpt")  # resumed from epoch 1's checkpoint: epochs 2-5 retrained
     assert earlier["epochs"] == 6 and [(s["first_epoch"], s["epochs"]) for s in earlier["segments"]] == [(0, 2), (2, 4)]
     assert run(0, 0)["epochs"] == 1 and len(json.loads((tmp_path / FIT_RECORD).read_text())["segments"]) == 1  # fresh
+
+
+def test_a_baselines_checkpoint_tests_with_composers_table2_style_config(tiny_world, tmp_path, monkeypatch):
+    """Table 2's test configs are COMPOSER's; a VSE checkpoint tested with one switches to VSETraining (the
+    checkpoint carries its LightningModule) and gives the numbers of its own config's test."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
+    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
+    composer = _tiny_config(tmp_path, "composer", "composer/composer_world.yaml", tiny_world,
+                            {**offline, "heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}, data)
+    ckpt = _fit(vse, tmp_path / "run")
+    own = _own_test(vse, ckpt, tmp_path / "t1")
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli = cli_main(["test", "--config", composer, "--ckpt_path", ckpt, f"--trainer.default_root_dir={tmp_path / 't2'}"])
+    assert type(cli.model).__name__ == "VSETraining"
+    switched = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert switched["rsum"] == pytest.approx(own["rsum"]) and switched["t2i_r1"] == pytest.approx(own["t2i_r1"])
