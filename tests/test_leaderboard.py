@@ -184,3 +184,16 @@ def test_a_baselines_checkpoint_tests_with_composers_table2_style_config(tiny_wo
     assert type(cli.model).__name__ == "VSETraining"
     switched = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert switched["rsum"] == pytest.approx(own["rsum"]) and switched["t2i_r1"] == pytest.approx(own["t2i_r1"])
+
+
+def test_compositional_split_path_is_absolute_for_the_reader(tmp_path, monkeypatch):
+    """The caption reader resolves a relative karpathy_file under its root: the split file must reach it absolute."""
+    from grounding.leaderboard.board import split_captions
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mcd.json").write_text("{}")
+    captions = {"class_path": "data_modules.FlickrDataModule", "init_args": {"root": "../elsewhere", "captions_file": "x"}}
+    args = split_captions(captions, "out/mcd.json")["init_args"]
+    assert args["karpathy_file"] == str(tmp_path / "out" / "mcd.json") and args["test_only"] and args["captions_file"] is None
+    assert captions["init_args"] == {"root": "../elsewhere", "captions_file": "x"}  # the test set is not changed

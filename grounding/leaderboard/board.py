@@ -203,9 +203,10 @@ def _caption_override(data_class: str, captions: dict, world_meta: str | None) -
     return {"data": captions}
 
 
-def _split_captions(captions: dict, split_file: str) -> dict:
+def split_captions(captions: dict, split_file: str) -> dict:
     """The test set's caption DataModule reading an MCD split file (Karpathy JSON) test-only."""
-    args = dict(captions["init_args"], karpathy_file=str(resolve_path(split_file)), captions_file=None, test_only=True)
+    args = dict(captions["init_args"], karpathy_file=str(resolve_path(split_file).resolve()), captions_file=None,
+                test_only=True)  # absolute: the reader resolves a relative file under its root
     return {"class_path": captions["class_path"], "init_args": args}
 
 
@@ -237,7 +238,7 @@ class Reference:
 def reference_data(test_set: TestSet, compositional: bool = False):
     """The test set's caption DataModule, built and set up (one clear :class:`LeaderboardError` when it cannot be):
     the reference every row is checked against."""
-    captions = _split_captions(test_set.captions, test_set.compositional_split) if compositional else test_set.captions
+    captions = split_captions(test_set.captions, test_set.compositional_split) if compositional else test_set.captions
     where = f"test_set ({test_set.name})"
     if test_set.world_meta and not resolve_path(test_set.world_meta).is_file():
         raise LeaderboardError(f"{where}: world_meta {test_set.world_meta} does not exist; generate the world with "
@@ -333,7 +334,7 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
     row["ms_per_query"] = 1000.0 * seconds / max(len(texts), 1)
     row["logged"] = logged
     if compositional_reference is not None:
-        split = _split_captions(test_set.captions, test_set.compositional_split)
+        split = split_captions(test_set.captions, test_set.compositional_split)
         _, comp, _, _ = _stage_test(entry, data_class, split, None, workdir, compositional_reference,
                                     " (compositional split)")
         row["compositional_r1"] = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
