@@ -22,7 +22,7 @@ WORLD_SIZE ?= 128
 SEED ?= 0
 CLI := $(PY) -m grounding
 
-.PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline \
+.PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline semclip-flickr8k \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate composer-splits \
         composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k
 
@@ -233,6 +233,16 @@ semclip: install  ## SemCLIP: world STE, alignment transform on the baseline VLM
 	  --data.init_args.vlm $(SEMCLIP_VLM) --data.init_args.ste $(SEMCLIP_STE_OUT)/embedding
 	$(PY) -m grounding.semclip evaluate --config $(SEMCLIP_CONFIG) --transform $(SEMCLIP_OUT)/transform.pt \
 	  --out reports/semclip/$(notdir $(SEMCLIP_OUT))
+
+# SemCLIP on real captions: Γ_t aligns the Flickr8k dual encoder to the WordNet STE on the 753 training photos'
+# captions (experiments/semclip/align_flickr8k.yaml); the VLM and the STE are trained first when missing.
+FLICKR8K_BASELINE_OUT := outputs/vgbert/baseline_flickr8k
+semclip-flickr8k: install  ## SemCLIP on Flickr8k: Γ_t from the Flickr8k dual encoder to the WordNet STE (makes both first when missing)
+	@test -f $(FLICKR8K_BASELINE_OUT)/checkpoints/last.ckpt || { echo "no $(FLICKR8K_BASELINE_OUT): training the Flickr8k dual encoder first"; \
+	  $(MAKE) --no-print-directory baseline BASELINE_CONFIG=experiments/vgbert/baseline_flickr8k.yaml BASELINE_OUT=$(FLICKR8K_BASELINE_OUT); }
+	@test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || { echo "no WordNet STE: training it first (experiments/semclip/ste_wordnet.yaml)"; \
+	  $(CLI) fit --config experiments/semclip/ste_wordnet.yaml; }
+	$(CLI) fit --config experiments/semclip/align_flickr8k.yaml
 
 demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's baseline, plus the STE's Table 1/2 report
 	$(MAKE) --no-print-directory semclip

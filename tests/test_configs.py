@@ -115,7 +115,7 @@ def offline_overrides(path, world, tmp_path):
         args += [f"--data.init_args.vlm=suite:{tiny_baseline_ckpt(tmp_path / 'vlm')}",
                  f"--data.init_args.ste={tiny_world_ste(tmp_path / 'ste')}",
                  f"--data.init_args.captions={world / 'coco' / 'annotations' / 'captions_train2017.json'}",
-                 "--data.init_args.lexical_variants=false"]
+                 "--data.init_args.lexical_variants=false", "--data.init_args.caption_images=null"]
     data_args = cfg["data"].get("init_args") or {}
     if data_name == "ComposerDataModule":  # COMPOSER: the world's Flickr layout under the caption reader
         # (an inline YAML: jsonargparse reads `null` of a nested subclass flag as the string "None")

@@ -59,6 +59,34 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
     assert alignment_pairs.read_captions(semclip_inputs["captions"])  # COCO JSON
 
 
+def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):
+    """caption_images (a Flickr-style image list) keeps the training photos' captions, and keys the cache."""
+    from data_modules.common import MalformedDataError, MissingDataError
+    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("a.jpg#0\tA ball on a box .\na.jpg#1\tA box .\nb.jpg#0\tAn automobile near a pail .\n"
+                      "c.jpg#0\tA ball on a box .\n")
+    train, test = tmp_path / "train.txt", tmp_path / "test.txt"
+    train.write_text("a.jpg\nc.jpg\n")
+    test.write_text("b.jpg\n")
+    assert read_captions(str(tokens), str(train)) == ["A ball on a box .", "A box ."]
+    assert read_captions(str(tokens), str(test)) == ["An automobile near a pail ."]
+    assert len(read_captions(str(tokens))) == 3
+    plain = tmp_path / "plain.txt"
+    plain.write_text("A ball.\n")  # plain text names no images: not selectable
+    with pytest.raises(MalformedDataError, match="caption_images"):
+        read_captions(str(plain), str(train))
+    with pytest.raises(MissingDataError, match="caption_images=.*none.txt does not exist"):
+        read_captions(str(tokens), str(tmp_path / "none.txt"))
+    args = dict(vlm=semclip_inputs["vlm"], ste=semclip_inputs["ste"], captions=str(tokens), lexical_variants=False,
+                val_fraction=0.0, batch_size=4)
+    every, only_train = AlignmentPairsDataModule(**args), AlignmentPairsDataModule(**args, caption_images=str(train))
+    assert every.cache_path() != only_train.cache_path()
+    assert only_train.load_pairs()["captions"] == ["A ball on a box .", "A box ."]
+
+
 def test_alignment_module_trains_and_exports(tmp_path):
     from lightning.pytorch import Trainer
     from torch.utils.data import DataLoader, TensorDataset

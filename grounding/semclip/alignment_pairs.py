@@ -25,6 +25,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from data_modules.common import MalformedDataError, MissingDataError
 from data_modules.formats import read_caption_texts
+from grounding.composer.captions import CaptionFileError
+from grounding.composer.captions import read_captions as read_caption_set
 from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
 from grounding.semclip.ste import STEEmbedding
@@ -38,12 +40,24 @@ CAPTIONS_HELP = ("captions must be COCO-format caption JSON ({\"annotations\": [
                  "e.g. data/world/coco/annotations/captions_train2017.json")
 
 
-def read_captions(paths: str | Sequence[str]) -> list[str]:
-    """Distinct captions (whitespace-normalised, first occurrence order) of one or more caption files."""
+def read_captions(paths: str | Sequence[str], images: str | None = None) -> list[str]:
+    """Distinct captions (whitespace-normalised, first occurrence order) of one or more caption files; with
+    ``images`` (image file names, one a line, e.g. Flickr_8k.trainImages.txt) only those images' captions,
+    so the test images' captions stay out of training (the files must then name images: not plain text)."""
 
+    if images is not None and not resolve_path(images).is_file():
+        raise MissingDataError(f"caption_images={images} does not exist: expected a file of image names, one a line "
+                               "(e.g. ../shared/data/flickr8k/Flickr_8k.trainImages.txt)")
     out: dict[str, None] = {}
     for name in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        for c in read_caption_texts(resolve_path(name), MalformedDataError, CAPTIONS_HELP, MissingDataError):
+        if images is None:
+            texts = read_caption_texts(resolve_path(name), MalformedDataError, CAPTIONS_HELP, MissingDataError)
+        else:
+            try:
+                texts = read_caption_set(resolve_path(name), images_list=resolve_path(images)).captions
+            except CaptionFileError as e:
+                raise MalformedDataError(f"{e} (caption_images={images})") from None
+        for c in texts:
             if c := re.sub(r"\s+", " ", c).strip():
                 out.setdefault(c, None)
     if not out:
@@ -80,7 +94,9 @@ class AlignmentPairsDataModule(LightningDataModule):
     Args:
         vlm: VLM spec (``suite:<ckpt>``, ``hf-clip:<dir>``, ``open-clip:<arch>:<file>``; see grounding.semclip.vlm).
         ste: exported STE folder (``python -m grounding.semclip export``) or word2vec text file.
-        captions: caption file(s) (COCO / Karpathy JSON, or text with one caption a line).
+        captions: caption file(s) (COCO / Karpathy JSON, Flickr token file, or text with one caption a line).
+        caption_images: a file of image names, one a line (e.g. Flickr_8k.trainImages.txt): only their captions
+            train Γ_t, so a test split's captions never do. None: every caption of the files.
         lexical_variants: map out-of-vocabulary nouns to their nearest STE lemma form under MiniLM (§4);
             ``lexical_min_similarity``: below this cosine the noun is dropped instead.
         max_captions: keep the first N distinct captions (smoke runs).
@@ -88,7 +104,8 @@ class AlignmentPairsDataModule(LightningDataModule):
         batch_size: 512 in the paper. cache: the cache file (default: under the cache folder, keyed).
     """
 
-    def __init__(self, vlm: str, ste: str, captions: str | list[str], lexical_variants: bool = True,
+    def __init__(self, vlm: str, ste: str, captions: str | list[str], caption_images: str | None = None,
+                 lexical_variants: bool = True,
                  lexical_min_similarity: float = -1.0, max_captions: int | None = None, val_fraction: float = 0.1,
                  batch_size: int = 512, eval_batch_size: int | None = None, num_workers: int = 0, seed: int = 0,
                  cache: str | None = None, device: str = "cpu"):
@@ -107,9 +124,14 @@ class AlignmentPairsDataModule(LightningDataModule):
         for c in caps:
             if not resolve_path(c).is_file():
                 read_captions(c)  # raises the clear missing-file error
-        return sha1_of_json({"version": FORMAT_VERSION, "vlm": vlm, "ste": ste,
-                             "captions": [sha1_of_file(resolve_path(c)) for c in caps], "lexical": h.lexical_variants,
-                             "lexical_min_similarity": h.lexical_min_similarity, "max_captions": h.max_captions})
+        key = {"version": FORMAT_VERSION, "vlm": vlm, "ste": ste, "captions": [sha1_of_file(resolve_path(c)) for c in caps],
+               "lexical": h.lexical_variants, "lexical_min_similarity": h.lexical_min_similarity,
+               "max_captions": h.max_captions}
+        if h.caption_images is not None:  # only then in the key, so caches built before the option keep theirs
+            if not resolve_path(h.caption_images).is_file():
+                read_captions(caps, h.caption_images)  # raises the clear missing-file error
+            key["caption_images"] = sha1_of_file(resolve_path(h.caption_images))
+        return sha1_of_json(key)
 
     def cache_path(self) -> Path:
         if self.hparams.cache:
@@ -129,13 +151,14 @@ class AlignmentPairsDataModule(LightningDataModule):
             log.info("alignment pairs cache %s was built from other inputs: rebuilding it", path)
 
         h = self.hparams
-        captions = read_captions(h.captions)
+        captions = read_captions(h.captions, h.caption_images)
         if h.max_captions is not None:
             captions = captions[: h.max_captions]
         ste = STEEmbedding.load(resolve_path(h.ste))
         vlm = load_vlm(h.vlm, device=h.device)
         pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity)
-        pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions, "n_captions": len(captions),
+        pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions,
+                         "caption_images": h.caption_images, "n_captions": len(captions),
                          "n_pairs": len(pairs["captions"]), "key": self.cache_key()}
         log.info("alignment pairs: %d of %d captions have STE nouns", len(pairs["captions"]), len(captions))
         with atomic_path(path, suffix=".pt") as tmp:
