@@ -31,6 +31,7 @@ STE_OUT ?= outputs/semclip/ste_wordnet
 
 # VG-BERT chain: stage1 -> stage2 -> stage3 (search heads). Tiny configs on the embedded world by
 # default; e.g. `make stage1 STAGE1_CONFIG=experiments/vgbert/stage1_paper.yaml STAGE1_OUT=outputs/vgbert/stage1_paper`.
+# STAGE1_ARGS, STAGE2_ARGS, STAGE3_ARGS (like BASELINE_ARGS) add options to a stage's fit, e.g. "--trainer.max_epochs 1".
 STAGE1_CONFIG ?= experiments/vgbert/stage1_tiny.yaml
 STAGE1_OUT ?= outputs/vgbert/stage1_tiny
 STAGE2_CONFIG ?= experiments/vgbert/stage2_tiny.yaml
@@ -42,6 +43,42 @@ BASELINE_OUT ?= outputs/vgbert/baseline_tiny
 SEARCH_IMAGES ?= $(WORLD)/images
 SEARCH_QUERY_IMAGE ?= $(WORLD)/images/world_000001.jpg
 SEARCH_QUERY_TEXT ?= a red ball
+
+# What a target reads is made first when missing, with a line saying so; what exists is never remade (so `make demo`,
+# which chains the stages, trains each once). Variables given on the command line (STAGE1_OUT=...) pass on to the
+# make that runs the prerequisite. The checks below start with `+`, so `make -n` runs them and shows the whole chain
+# (the prerequisite's make is a dry run too); give each its own recipe line: in a multi-line macro, `+` would run
+# every line.
+# $(call need,FILE,TARGET [VAR=value ...]): a shell step running `make TARGET` when FILE is missing.
+need = { test -e $(1) || { echo "no $(1): running make $(strip $(2)) first"; $(MAKE) --no-print-directory $(strip $(2)); }; }
+first = +@$(call need,$(1),$(2))
+# $(call made_first,FILES): each of FILES that a suite run writes (a file under STAGE1_OUT, STAGE2_OUT, STAGE3_OUT,
+# BASELINE_OUT or COMPOSER_OUT) is made by that run's target when missing; other files are left to the command.
+made_first = $(if $(call run_files,$(1)),+@set -e; $(foreach f,$(call run_files,$(1)),$(call need,$(f),$(call run_command,$(call run_of,$(f))));))
+suite_runs = stage1:STAGE1 stage2:STAGE2 stage3:STAGE3 baseline:BASELINE composer:COMPOSER
+run_of = $(firstword $(foreach r,$(suite_runs),$(if $(filter $($(call run_var,$(r))_OUT)/%,$(1)),$(r))))
+run_files = $(strip $(foreach f,$(1),$(if $(call run_of,$(f)),$(f))))
+run_var = $(lastword $(subst :, ,$(1)))
+# `make TARGET`; an output folder given without its config (`make stage2 STAGE1_OUT=outputs/vgbert/stage1_paper`)
+# adds the config whose default_root_dir it is (STAGE1_CONFIG=experiments/vgbert/stage1_paper.yaml).
+run_command = $(firstword $(subst :, ,$(1))) $(call run_config,$(call run_var,$(1)))
+run_config = $(if $(filter file,$(origin $(1)_CONFIG)),$(addprefix $(1)_CONFIG=,$(filter-out $($(1)_CONFIG),$(firstword \
+  $(shell grep -rlx --include='*.yaml' '  default_root_dir: $($(1)_OUT)' experiments)))))
+# The checkpoints a semantic-space report config compares (its `source:` entries that are .ckpt files).
+report_ckpts = $(shell sed -n 's/.*source: *\([^,}]*\.ckpt\).*/\1/p' $(1))
+
+# $(call world_for,CONFIGS or PATHS): `make world` first when $(WORLD)/world.json is missing and one of them reads the
+# world: a path under $(WORLD)/, or a config whose `base:` chain (the config, then its base, resolved from its folder,
+# and so on) first names a data location under $(WORLD)/ rather than ../shared/data, comments ignored. A Flickr8k
+# config based on a world config (vilbert_flickr8k.yaml) needs no world; a paper-scale config names neither.
+world_for = $(if $(call world_reader,$(1)),+@test -f $(WORLD)/world.json || { echo "no $(WORLD)/world.json \
+  ($(call world_reader,$(1)) reads it): running make world first"; $(MAKE) --no-print-directory world; })
+world_reader = $(firstword $(foreach f,$(1),$(if $(filter $(WORLD)/%,$(f)),$(f),$(call chain_reads_world,$(f),$(f)))))
+chain_reads_world = $(if $(wildcard $(2)),$(call data_decides,$(1),$(2),$(shell sed 's/$(hash).*//' $(2))))
+data_decides = $(if $(findstring $(WORLD)/,$(3)),$(1),$(if $(findstring shared/data,$(3))$(findstring {shared_data},$(3)),,$(if \
+  $(call config_base,$(2)),$(call chain_reads_world,$(1),$(dir $(2))$(call config_base,$(2))))))
+config_base = $(strip $(shell sed -n -e 's/$(hash).*//' -e 's/^base:[[:space:]]*//p' $(1)))
+hash := \#
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | sort
@@ -91,7 +128,7 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~1
 	$(PY) benchmarks/bench_vgbert.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
-	test -f data/semclip/similarity_lists_wordnet.npz || $(MAKE) --no-print-directory semclip-lists
+	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
 # The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stage 2
@@ -99,53 +136,69 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~1
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
 
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
-	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT)
+	$(call world_for,$(STAGE1_CONFIG))
+	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) $(STAGE1_ARGS)
 	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/last.ckpt
 
 baseline: install  ## CLIP-style dual-encoder baseline on the same data, then test retrieval
+	$(call world_for,$(BASELINE_CONFIG))
 	$(CLI) fit --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) $(BASELINE_ARGS)
 	$(CLI) test --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) --ckpt_path $(BASELINE_OUT)/checkpoints/last.ckpt
 
 stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy (best val relation top-1)
-	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt
+	$(call world_for,$(STAGE2_CONFIG))
+	$(call made_first,$(STAGE1_OUT)/checkpoints/last.ckpt)
+	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt $(STAGE2_ARGS)
 	ln -f $(call best_ckpt,$(STAGE2_OUT)) $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp && \
 	  mv -f $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp $(STAGE2_OUT)/checkpoints/best.ckpt
 	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/best.ckpt
 
 stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkpoint, then a Fig. 7 search grid
-	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt
+	$(call world_for,$(STAGE3_CONFIG) $(SEARCH_IMAGES) $(SEARCH_QUERY_IMAGE))
+	$(call made_first,$(STAGE2_OUT)/checkpoints/best.ckpt)
+	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt $(STAGE3_ARGS)
 	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt
 	$(PY) -m grounding.vgbert.search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
 	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png
 
 crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)
+	$(call world_for,$(CAPTIONS))
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND))
 
 mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fig. 4) on Flickr8k (K=1000)
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k.yaml $(if $(K),--k $(K))
 
+# The reports compare the checkpoints their config names; one that a suite target writes is trained first when missing.
 EVALUATE_CONFIG ?= experiments/semantic_space/minilm.yaml
+DEMO_EVALUATE_CONFIG := experiments/semantic_space/demo.yaml
 evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silhouettes, figures) for the models in EVALUATE_CONFIG
+	$(call made_first,$(call report_ckpts,$(EVALUATE_CONFIG)))
 	$(PY) -m grounding.semantic_space --config $(EVALUATE_CONFIG) --out reports/semantic_space $(EVALUATE_ARGS)
 
 demo-evaluate: install  ## semantic-space report on the demo's stage-1/stage-2 checkpoints vs MiniLM (reports/semantic_space_demo)
-	$(PY) -m grounding.semantic_space --config experiments/semantic_space/demo.yaml $(EVALUATE_ARGS)
+	$(call made_first,$(call report_ckpts,$(DEMO_EVALUATE_CONFIG)))
+	$(PY) -m grounding.semantic_space --config $(DEMO_EVALUATE_CONFIG) $(EVALUATE_ARGS)
 
 semclip-lists: install  ## SemCLIP: WordNet similarity lists for every noun lemma (~1.5 min)
 	$(PY) -m grounding.semclip build-lists --out data/semclip/similarity_lists_wordnet.npz
 
+# The STE's fit (exported to STE_OUT/embedding) and its report; `make ste-report` trains it first when it is missing.
+ste_fit = $(CLI) fit --config $(STE_CONFIG) --trainer.default_root_dir $(STE_OUT) --model.init_args.export_dir $(STE_OUT)/embedding
+ste_report = $(PY) -m grounding.semclip report --ste $(STE_OUT)/embedding --out reports/semclip/$(notdir $(STE_OUT)) $(STE_REPORT_ARGS)
 ste: install  ## SemCLIP: train the semantic text embedding on all WordNet nouns, export it, write the Table 1/2 report
-	$(CLI) fit --config $(STE_CONFIG) --trainer.default_root_dir $(STE_OUT)
-	$(MAKE) ste-report STE_OUT=$(STE_OUT)
+	$(ste_fit)
+	$(ste_report)
 
 ste-report: install  ## SemCLIP: synonym coverage (Table 1) and word similarity (Table 2) of an exported STE (STE_OUT=)
-	$(PY) -m grounding.semclip report --ste $(STE_OUT)/embedding --out reports/semclip/$(notdir $(STE_OUT)) $(STE_REPORT_ARGS)
+	@test -e $(STE_OUT)/embedding/vectors.npy || { echo "no $(STE_OUT)/embedding/vectors.npy: training the STE first ($(STE_CONFIG))"; \
+	  $(ste_fit); }
+	$(ste_report)
 
 # COMPOSER's model on the world's Concept & Relation Graphs (the CRGs are built and cached by the DataModule).
 COMPOSER_CONFIG ?= experiments/composer/composer_world.yaml
 COMPOSER_OUT ?= outputs/composer/world
 composer: install  ## COMPOSER: train on the embedded world, then test (sentence / phrase / held-out-pair R@1, R@5)
-	test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world
+	$(call world_for,$(COMPOSER_CONFIG))
 	$(CLI) fit --config $(COMPOSER_CONFIG) --trainer.default_root_dir $(COMPOSER_OUT) $(COMPOSER_ARGS)
 	$(CLI) test --config $(COMPOSER_CONFIG) --trainer.default_root_dir $(COMPOSER_OUT) \
 	  --ckpt_path $(COMPOSER_OUT)/checkpoints/last.ckpt $(COMPOSER_TEST_ARGS)
@@ -153,6 +206,7 @@ composer: install  ## COMPOSER: train on the embedded world, then test (sentence
 demo-composer: export COMPOSER_ARGS = --trainer.max_epochs 8 --trainer.check_val_every_n_epoch 8 --model.init_args.rerank_top_k 10
 demo-composer: export COMPOSER_TEST_ARGS = --model.init_args.rerank_top_k 10
 demo-composer: install  ## COMPOSER on the embedded world: its CRG, an MCD split, and the model at demo size (8 epochs, reranked eval)
+	$(call world_for,experiments/composer/crg_world.yaml experiments/composer/mcd_world.yaml)
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_world.yaml
 	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml
 	$(MAKE) --no-print-directory composer
@@ -167,18 +221,20 @@ VILBERT_OUT ?= outputs/composer/vilbert_world
 VILBERT_MVSA_CONFIG ?= experiments/composer/vilbert_mvsa_world.yaml
 VILBERT_MVSA_OUT ?= outputs/composer/vilbert_mvsa_world
 define fit_and_test
-	$(if $(findstring world,$(1)),test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world)
 	$(CLI) fit --config $(1) --trainer.default_root_dir $(2) $(3)
 	$(CLI) test --config $(1) --trainer.default_root_dir $(2) --ckpt_path $(2)/checkpoints/last.ckpt
 endef
 
 vse: install  ## COMPOSER's VSE baseline (VSE++ hinge over the hardest in-batch negatives): fit, then test
+	$(call world_for,$(VSE_CONFIG))
 	$(call fit_and_test,$(VSE_CONFIG),$(VSE_OUT),$(VSE_ARGS))
 
 vilbert: install  ## COMPOSER's ViLBERT-style cross-encoder baseline (4-way NLL, hard negatives): fit, then test
+	$(call world_for,$(VILBERT_CONFIG))
 	$(call fit_and_test,$(VILBERT_CONFIG),$(VILBERT_OUT),$(VILBERT_ARGS))
 
 vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder plus the concept-level hinge: fit, then test
+	$(call world_for,$(VILBERT_MVSA_CONFIG))
 	$(call fit_and_test,$(VILBERT_MVSA_CONFIG),$(VILBERT_MVSA_OUT),$(VILBERT_MVSA_ARGS))
 
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
@@ -192,6 +248,7 @@ leaderboard: install  ## every retrieval model of the suite on the world's test 
 	  test -f $(VSE_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vse; \
 	  test -f $(VILBERT_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert; \
 	  test -f $(VILBERT_MVSA_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert-mvsa; fi
+	$(call world_for,$(LEADERBOARD))
 	$(PY) -m grounding.leaderboard --config $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
 leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test photos (+ MCD split); a missing model is a row naming its command
@@ -204,11 +261,10 @@ leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test phot
 COMPOSER_SPLITS ?= outputs/composer/mcd_world
 COMPOSER_SPLITS_OUT ?= reports/composer/splits_world
 composer-splits: install  ## COMPOSER: test the world checkpoint on the MCD + graded splits: R@1/R@5 per split, Fig. 4 (reports/composer/splits_world)
-	@test -f $(COMPOSER_SPLITS)/mcd.json || { echo "$(COMPOSER_SPLITS)/mcd.json is missing: making the world's MCD split first"; \
-	  { test -f $(WORLD)/world.json || $(MAKE) --no-print-directory world; } && \
+	$(call world_for,experiments/composer/mcd_world.yaml $(COMPOSER_CONFIG))
+	@test -f $(COMPOSER_SPLITS)/mcd.json || { echo "no $(COMPOSER_SPLITS)/mcd.json: making the world's MCD split first"; \
 	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml --out $(COMPOSER_SPLITS); }
-	@test -f $(COMPOSER_OUT)/checkpoints/last.ckpt || { echo "$(COMPOSER_OUT)/checkpoints/last.ckpt is missing: training it first (make composer)"; \
-	  $(MAKE) --no-print-directory composer; }
+	$(call first,$(COMPOSER_OUT)/checkpoints/last.ckpt,composer)
 	$(PY) -m grounding.composer evaluate-splits --config $(COMPOSER_CONFIG) --ckpt $(COMPOSER_OUT)/checkpoints/last.ckpt \
 	  --splits $(COMPOSER_SPLITS) --out $(COMPOSER_SPLITS_OUT) $(COMPOSER_SPLITS_ARGS)
 
@@ -226,6 +282,8 @@ SEMCLIP_CONFIG ?= experiments/semclip/align_world.yaml
 SEMCLIP_OUT ?= outputs/semclip/align_world
 SEMCLIP_VLM ?= suite:$(BASELINE_OUT)/checkpoints/last.ckpt
 semclip: install  ## SemCLIP: world STE, alignment transform on the baseline VLM (SEMCLIP_VLM=), stability + retrieval report
+	$(call world_for,$(SEMCLIP_STE_CONFIG) $(SEMCLIP_CONFIG))
+	$(call made_first,$(patsubst suite:%,%,$(filter suite:%,$(SEMCLIP_VLM))))
 	$(CLI) fit --config $(SEMCLIP_STE_CONFIG) --trainer.default_root_dir $(SEMCLIP_STE_OUT) \
 	  --model.init_args.export_dir $(SEMCLIP_STE_OUT)/embedding
 	$(CLI) fit --config $(SEMCLIP_CONFIG) --trainer.default_root_dir $(SEMCLIP_OUT) \
@@ -238,10 +296,10 @@ semclip: install  ## SemCLIP: world STE, alignment transform on the baseline VLM
 # captions (experiments/semclip/align_flickr8k.yaml); the VLM and the STE are trained first when missing.
 FLICKR8K_BASELINE_OUT := outputs/vgbert/baseline_flickr8k
 semclip-flickr8k: install  ## SemCLIP on Flickr8k: Γ_t from the Flickr8k dual encoder to the WordNet STE (makes both first when missing)
-	@test -f $(FLICKR8K_BASELINE_OUT)/checkpoints/last.ckpt || { echo "no $(FLICKR8K_BASELINE_OUT): training the Flickr8k dual encoder first"; \
-	  $(MAKE) --no-print-directory baseline BASELINE_CONFIG=experiments/vgbert/baseline_flickr8k.yaml BASELINE_OUT=$(FLICKR8K_BASELINE_OUT); }
-	@test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || { echo "no WordNet STE: training it first (experiments/semclip/ste_wordnet.yaml)"; \
-	  $(CLI) fit --config experiments/semclip/ste_wordnet.yaml; }
+	$(call first,$(FLICKR8K_BASELINE_OUT)/checkpoints/last.ckpt,baseline BASELINE_CONFIG=experiments/vgbert/baseline_flickr8k.yaml \
+	  BASELINE_OUT=$(FLICKR8K_BASELINE_OUT))
+	$(call first,outputs/semclip/ste_wordnet/embedding/vectors.npy,ste STE_CONFIG=experiments/semclip/ste_wordnet.yaml \
+	  STE_OUT=outputs/semclip/ste_wordnet)
 	$(CLI) fit --config experiments/semclip/align_flickr8k.yaml
 
 demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's baseline, plus the STE's Table 1/2 report

@@ -88,6 +88,12 @@ class CocoCaptionsDataModule(CaptionDataModule):
                             f"set karpathy_file to your dataset_coco.json (Karpathy's COCO split), or {COCO_HINT}")
         return karpathy_entries(path, self.dataset_name, COCO_HINT), path
 
+    def input_files(self, root: Path) -> list[tuple[Path, str]]:
+        if self.coco_layout == "karpathy":
+            return [(resolve(root, self.karpathy_file or "dataset_coco.json"),
+                     f"set karpathy_file to your dataset_coco.json (Karpathy's COCO split), or {COCO_HINT}")]
+        return [(root / "annotations" / f"captions_{s}.json", COCO_HINT) for s in dict.fromkeys((self.train_set, self.val_set))]
+
     def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
         splits = {s: CaptionSplit() for s in ("train", "val", "test")}
         if self.coco_layout == "karpathy":

@@ -22,6 +22,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
+from grounding.errors import UserInputError
 from grounding.paths import resolve_path
 
 from . import formats
@@ -37,7 +38,7 @@ WORLD_HINT = "run `python -m data_modules.synthetic --out data/world` for a smal
 # --------------------------------------------------------------------------------------------
 # Errors: every one names the file, what was expected and how to fix it.
 # --------------------------------------------------------------------------------------------
-class DataError(Exception):
+class DataError(UserInputError):
     """Base class of the suite's data errors (message-only, so DataLoader workers re-raise them intact)."""
 
 
@@ -540,6 +541,17 @@ class CaptionDataModule(GroundingDataModule):
 
     def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
         raise NotImplementedError
+
+    def check_inputs(self) -> None:
+        """The root and the files its layout needs exist (``python -m grounding`` asks before building any
+        model). Cheap: nothing is parsed; a malformed file is reported when it is read."""
+        root = require_root(self.root_path, self.dataset_name, self.layout, self.hint)
+        for path, hint in self.input_files(root):
+            require_file(path, self.dataset_name, self.layout, hint)
+
+    def input_files(self, root: Path) -> list[tuple[Path, str]]:
+        """(file, how to fix its absence) that :meth:`read_splits` will need."""
+        return []
 
     def _build_datasets(self) -> dict[str, CaptionDataset]:
         root = require_root(self.root_path, self.dataset_name, self.layout, self.hint)

@@ -123,6 +123,15 @@ class FlickrDataModule(CaptionDataModule):
             f"Flickr: no caption file in {root} (looked for {', '.join(KARPATHY_CANDIDATES + TOKEN_CANDIDATES)}).\n"
             f"Expected layout:\n{FLICKR_LAYOUT}\nFix: set karpathy_file or captions_file, or {FLICKR_HINT}.")
 
+    def input_files(self, root: Path) -> list[tuple[Path, str]]:
+        kind, path = self._source(root)
+        self._image_dir(root)  # a configured image_dir that does not exist: its own message
+        files = [(path, FLICKR_HINT)]
+        if kind == "token":
+            files += [(resolve(root, name), "set split_files to your image lists, one per split")
+                      for name in (self.split_files or DEFAULT_SPLIT_FILES).values()]
+        return files
+
     def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
         kind, path = self._source(root)
         require_file(path, self.dataset_name, FLICKR_LAYOUT, FLICKR_HINT)

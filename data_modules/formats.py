@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from grounding.errors import UserInputError
+
 FORMATS = ("coco", "karpathy", "flickr_token", "text")
 
 COCO_SCHEMA = ('{"images": [{"id": int, "file_name": str, ...}], '
@@ -38,7 +40,7 @@ CAPTION_FILE_FORMATS = (f"a COCO captions JSON {COCO_SCHEMA}, a Karpathy split J
 ErrorClass = Callable[[str], Exception]
 
 
-class CaptionFormatError(ValueError):
+class CaptionFormatError(UserInputError, ValueError):
     """A caption file does not parse as its format (the default ``error`` of the readers)."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from grounding.errors import UserInputError
 from grounding.paths import shared_data_dir
 
 __all__ = [
@@ -38,7 +39,7 @@ _DEFAULT_SUBDIRS = {
 }
 
 
-class LexicalDataError(ValueError):
+class LexicalDataError(UserInputError, ValueError):
     """A lexical resource is missing or not in the expected format."""
 
 

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from grounding.errors import UserInputError
 from grounding.lexicon import wordnet
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_write_json, sha1_of_file, sha1_of_json
@@ -44,7 +45,7 @@ FORMAT_VERSION = 1
 _ARTICLES = frozenset({"a", "an", "the"})
 
 
-class VGCleaningError(ValueError):
+class VGCleaningError(UserInputError, ValueError):
     """Bad Visual Genome input or resource file (the message names the file and the fix)."""
 
 

@@ -614,6 +614,11 @@ class VisualGenomeDataModule(GroundingDataModule):
             paths.append(path)
         return paths
 
+    def check_inputs(self) -> None:
+        """The root exists (``python -m grounding`` asks before building any model; the annotation files are
+        checked as they are read, or come from the index cache)."""
+        require_root(self.root_path, "Visual Genome", VG_LAYOUT, VG_HINT)
+
     def _build_datasets(self) -> dict[str, VisualGenomeDataset]:
         root = require_root(self.root_path, "Visual Genome", VG_LAYOUT, VG_HINT)
         if self.index is None:

@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
 from grounding.utils.io import atomic_path, atomic_write_text, sha1_of_json
 
@@ -125,7 +126,7 @@ class SimilarityLists:
     def load(cls, path: str | Path) -> "SimilarityLists":
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"Similarity-lists file {path} does not exist. Build it with "
+            raise MissingInputError(f"Similarity-lists file {path} does not exist. Build it with "
                                     "`python -m grounding.semclip build-lists --out PATH`.")
         try:
             with np.load(path, allow_pickle=False) as z:
@@ -370,7 +371,7 @@ def read_curated_lists(path: str | Path) -> SimilarityLists:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Curated similarity lists {path} not found.")
+        raise MissingInputError(f"Curated similarity lists {path} not found.")
     mapping: dict[str, list[tuple[str, float]]] = {}
     suffix = path.suffix.lower()
 

@@ -7,6 +7,7 @@ read checkpoints through here.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -17,6 +18,18 @@ from grounding.nets import net_hparams
 
 class CheckpointError(MissingWeightsError, FileNotFoundError):
     """A checkpoint named by ``init_from`` is missing, unreadable or does not fit the model."""
+
+
+def require_checkpoint_file(path: str | Path, what: str, fix: str) -> Path:
+    """``path`` is a complete ``torch.save`` archive (a zip whose directory, written last, is intact), checked
+    without loading it: a missing, truncated or foreign file raises :class:`CheckpointError` naming it and ``fix``."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"{what} {path}: no such checkpoint. Fix: {fix}.")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{what} {path} is not a complete PyTorch checkpoint (truncated by a killed copy or "
+                              f"run, or another kind of file). Fix: {fix}.")
+    return path
 
 
 def read_checkpoint(path: str | Path, what: str) -> dict:

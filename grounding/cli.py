@@ -23,10 +23,14 @@ from typing import Any, Optional, Sequence
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from grounding.checkpoints import require_checkpoint_file
 from grounding.encoders import backbone_normalisation
+from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
+from grounding.run_folder import RunLock, check_fit_target, write_run_config, write_run_metrics
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
 STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
@@ -61,8 +65,58 @@ def resolve_precision(precision, accelerator) -> str:
     return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
 
 
+class RunConfigCallback(SaveConfigCallback):
+    """The run's record beside its checkpoints (grounding.run_folder): ``config.yaml`` for fit,
+    ``config.<command>.yaml`` and ``metrics.<command>.json`` for test / validate / predict; atomic, rank 0."""
+
+    log_dir: str | None = None
+    stage: str = "fit"
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        # log_dir is a collective (every rank asks); stage arrives as a TrainerFn (a str enum)
+        self.log_dir, self.stage = trainer.log_dir, getattr(stage, "value", stage)
+        if stage != "fit":
+            self._write_config(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # a fit's config.yaml comes with its first checkpoint: a fit that fails before (bad data, a corrupt image)
+        # leaves the folder's earlier run as it was
+        if not self.already_saved:
+            self._write_config(trainer)
+
+    def _write_config(self, trainer) -> None:
+        if trainer.is_global_zero and self.log_dir is not None:
+            write_run_config(self.log_dir, self.stage, self.parser.dump(self.config, skip_none=False))
+        self.already_saved = True
+
+    def _write_metrics(self, trainer, command: str) -> None:
+        log_dir = trainer.log_dir
+        if trainer.is_global_zero and log_dir is not None:
+            write_run_metrics(log_dir, command, dict(trainer.callback_metrics))
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._write_metrics(trainer, "test")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "validate":
+            self._write_metrics(trainer, "validate")
+
+
 class GroundingCLI(LightningCLI):
+    run_lock: RunLock | None = None
+
+    def __init__(self, *args, **kwargs):
+        try:
+            super().__init__(*args, **kwargs)  # parses, builds and runs the subcommand
+        finally:  # the run folder is free again, also after an error (and for the next run in this process)
+            if self.run_lock is not None:
+                self.run_lock.release()
+
     def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: replace the run in --trainer.default_root_dir even when its config.yaml differs")
         # Values the model and the data must share are written once, in the model's network: the
         # tokenizer is the text encoder's, the crop size the visual stream's, the image normalisation
         # the backbone's. (Stages that build their network from a checkpoint still give them twice.)
@@ -97,9 +151,14 @@ class GroundingCLI(LightningCLI):
             section = self.config[subcommand]
             section.ckpt_path = resolve_run_checkpoint(section.get("ckpt_path"), section.trainer.default_root_dir,
                                                        subcommand)
+            if section.ckpt_path is not None:
+                require_checkpoint_file(section.ckpt_path, "--ckpt_path",
+                                        "give a .ckpt file of the run (outputs/<run>/checkpoints/last.ckpt), or `last` / "
+                                        "`best` with the run's --trainer.default_root_dir")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_inputs_early(config)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
         # Loggers without a save_dir write beside the checkpoints, under the stage's default_root_dir.
@@ -108,6 +167,38 @@ class GroundingCLI(LightningCLI):
             init_args = getattr(logger, "init_args", None)
             if init_args is not None and "save_dir" in init_args and init_args.save_dir is None:
                 init_args.save_dir = trainer.default_root_dir or "outputs"
+        # (after the settings above, so the config compared is the one config.yaml will hold)
+        if self.subcommand == "fit" and rank_zero_only.rank == 0 and not config.trainer.get("fast_dev_run"):
+            # the run folder: refused when another run owns it (grounding/run_folder.py); DDP ranks > 0 skip this
+            root = config.trainer.default_root_dir or "outputs"
+            dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True))
+            check_fit_target(root, dumped.get("fit", dumped), config.get("ckpt_path") is not None,
+                             bool(config.get("overwrite")))
+            self.run_lock = RunLock(root).acquire()
+
+
+def check_inputs_early(config) -> None:
+    """Inputs validated before any model is built (loading a text encoder takes 20-100 s): the model's
+    ``init_from`` checkpoint exists, and the DataModule, built alone from the config, passes its own
+    ``check_inputs()`` (roots, annotation and caption files, STE / VLM files). Raises the suite's
+    :class:`~grounding.errors.UserInputError`; anything else is left to the normal run to report."""
+    init_from = (config.model.get("init_args") or {}).get("init_from") if config.get("model") else None
+    if isinstance(init_from, str):
+        require_checkpoint_file(init_from, "init_from", "train the stage it starts from first (the README's `make` "
+                                "targets chain them), or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt)")
+    if not config.get("data"):
+        return
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, "data", required=True)
+    try:
+        datamodule = parser.instantiate_classes(parser.parse_object({"data": config.data.as_dict()})).data
+    except UserInputError:
+        raise
+    except Exception:  # noqa: BLE001 - not the suite's own input error: the real instantiation reports it
+        return
+    check = getattr(datamodule, "check_inputs", None)
+    if callable(check):
+        check()
 
 
 def resolve_run_checkpoint(ckpt_path: str | None, root_dir: str | None, subcommand: str) -> str | None:
@@ -201,7 +292,7 @@ QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 QUIET_WARNINGS = ("The dirpath has changed", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError, ValueError):
     """A stage config that ``python -m grounding`` cannot parse (one line for the user)."""
 
 
@@ -278,11 +369,20 @@ def main(args=None) -> GroundingCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         auto_configure_optimizers=False,  # each stage's optimizer is injected through its init args
-        parser_kwargs={cmd: {"default_config_files": defaults} for cmd in SUBCOMMANDS},
+        # allow_abbrev off: a typo such as --trainer.max_epoch is an error, not a silent prefix match
+        parser_kwargs={"allow_abbrev": False,
+                       **{cmd: {"default_config_files": defaults, "allow_abbrev": False} for cmd in SUBCOMMANDS}},
+        save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
     )
 
 
+def run_command(args=None) -> None:
+    """``python -m grounding``: :func:`main` with the suite's input errors as one message and exit status 2."""
+    with user_errors_exit("python -m grounding"):
+        main(args)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1:])
+    run_command(sys.argv[1:])

@@ -19,12 +19,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grounding.errors import UserInputError
+
 OFFLINE_TEXT_ENCODER = "minilm"
 TINY_TEXT_ENCODER = "tiny-random"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class MissingWeightsError(RuntimeError):
+class MissingWeightsError(UserInputError, RuntimeError):
     """Pretrained weights were asked for but are not available on this machine."""
 
 
@@ -49,6 +51,12 @@ def resolve_text_encoder(name: str) -> str:
     return os.path.expanduser(name)
 
 
+def hub_allowed() -> bool:
+    """The model hub is tried only when the user asks for it (``HF_HUB_OFFLINE=0``): by default nothing is
+    downloaded, and a missing model fails at once instead of after the hub client's retries."""
+    return os.environ.get("HF_HUB_OFFLINE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def _from_pretrained(cls, name: str, **kwargs):
     path = resolve_text_encoder(name)
     from transformers.utils import logging as hf_logging
@@ -58,7 +66,7 @@ def _from_pretrained(cls, name: str, **kwargs):
         # Local files first: a hub name resolves from the Hugging Face cache without network.
         return cls.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError) as local_error:
-        if Path(path).is_dir() or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
+        if Path(path).is_dir() or not hub_allowed():
             e = local_error
         else:
             try:
@@ -68,12 +76,13 @@ def _from_pretrained(cls, name: str, **kwargs):
         local = Path(path).is_dir()
         raise MissingWeightsError(
             f"Could not load text encoder {name!r} ({'local directory ' + path if local else 'hub name'}): {e}\n"
-            "No model hub is reachable from this machine. Provide the weights in one of these ways:\n"
+            "The suite does not download at run time (HF_HUB_OFFLINE). Provide the weights in one of these ways:\n"
             f"  * download {name!r} elsewhere (e.g. `huggingface-cli download {name}`) and copy the Hugging Face cache "
-            "(~/.cache/huggingface/hub) here, then set HF_HUB_OFFLINE=1;\n"
+            "(~/.cache/huggingface/hub) here;\n"
             "  * or save it with `model.save_pretrained(DIR); tokenizer.save_pretrained(DIR)` and set the "
             "config's text_encoder to DIR;\n"
-            f"  * or use the offline encoder by setting text_encoder: {OFFLINE_TEXT_ENCODER}."
+            f"  * or use the offline encoder by setting text_encoder: {OFFLINE_TEXT_ENCODER};\n"
+            "  * or, on a machine that reaches the hub, set HF_HUB_OFFLINE=0 to let the suite download it."
         ) from e
 
 

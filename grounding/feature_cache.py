@@ -12,6 +12,15 @@ transformed image, and the image list (paths, sizes, mtimes). The folder is writ
 temporary name and renamed into place only when complete (``grounding.utils.io.atomic_path``), so
 a crashed build never leaves a cache that a later run would use.
 
+Robustness: a build writes ``owner.json`` (pid, host, process start time) into its temporary folder;
+:func:`build_or_load` removes the temporary folders of killed builds in the cache root (owner gone
+from this host, or no owner file and untouched for :data:`ORPHAN_AGE_S`) and keeps those of builds
+still running. A cache folder is trusted only after :func:`cache_problem` has checked its
+``features.npy`` header, its size against the header, and both against ``meta.json``; a damaged
+one is removed and rebuilt with a warning, and :func:`open_cache` refuses it with the folder and
+the fix. Builds print a start line, progress (a bar on a terminal, a line per tenth otherwise) and
+an end line with the time and size to stderr.
+
 Integration (contracts B): a caption dataset loads pixels through ``load_image(index)``;
 :func:`attach` replaces that method on the dataset instance with a picklable
 :class:`CachedFeatureLoader`, so batches' ``images`` become (B, C, h, w) feature maps, which
@@ -25,18 +34,41 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
+import math
 import os
+import re
+import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback
+from tqdm import tqdm
 
+from grounding.errors import UserInputError
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_path, sha1_of_json, state_dict_sha1
+from grounding.utils.owner import owner_gone, owner_record, same_host
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+OWNER_FILE = "owner.json"
+# A temporary build folder without a readable owner file from this host (a build from before owner files,
+# or one on another machine sharing the folder) is abandoned once nothing in it changed for this long: a
+# running build rewrites features.npy with every batch.
+ORPHAN_AGE_S = 6 * 3600
+# grounding.utils.io.atomic_path's temporary name for a cache folder ``<backbone>-<16 hex>``:
+# ``.<folder name>.<mkstemp's random letters>.tmp`` beside it.
+TEMP_NAME = re.compile(r"^\.(?P<final>.+-[0-9a-f]{16})\.[a-z0-9_]+\.tmp$")
+
+
+class FeatureCacheError(UserInputError, ValueError):
+    """A feature-cache folder that cannot be trusted; the message names the folder, the problem and the fix."""
 
 
 def image_list_fingerprint(paths) -> list:
@@ -95,19 +127,202 @@ class CachedFeatureLoader:
         return torch.from_numpy(np.ascontiguousarray(self.array[idx]))
 
 
+def format_size(n_bytes: float) -> str:
+    """``n_bytes`` for people: "812 B", "1.2 GB" (powers of 1000)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n_bytes < 1000 or unit == "TB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1000
+    return ""  # unreachable
+
+
+def npy_header(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of the ``.npy`` file ``path``, from its header alone (ValueError if unreadable)."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in readers:
+            raise ValueError(f".npy format version {version} (the cache writes 1.0 or 2.0)")
+        try:
+            shape, _fortran, dtype = readers[version](f)
+        except (SyntaxError, TypeError) as e:  # numpy versions differ in what a garbled header dict raises
+            raise ValueError(f"cannot parse the header: {e}") from e
+        return tuple(int(d) for d in shape), np.dtype(dtype), f.tell()
+
+
+def cache_problem(path: str | os.PathLike, key: str | None = None) -> str | None:
+    """What makes the cache folder ``path`` untrustworthy, or None when it is sound.
+
+    Checks, from file sizes and headers only (never the features): both files present; ``meta.json``
+    readable and marked complete; the ``features.npy`` header readable; the file exactly as long as
+    its header says (header + n_images x C x h x w x 2 bytes); shape, dtype and number of images as
+    ``meta.json`` records them; and, given ``key``, that the folder was built for that key.
+    """
+    path = Path(path)
+    meta_file, data_file = path / "meta.json", path / "features.npy"
+    if not path.is_dir():
+        return "not a folder"
+    missing = [f.name for f in (meta_file, data_file) if not f.is_file()]
+    if missing:
+        return f"incomplete: no {' and no '.join(missing)}"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as e:
+        return f"meta.json unreadable ({e})"
+    if not isinstance(meta, dict) or not meta.get("complete"):
+        return "meta.json does not mark the cache complete"
+    try:
+        shape, dtype, offset = npy_header(data_file)
+    except (OSError, ValueError) as e:
+        return f"features.npy header unreadable ({' '.join(str(e).split())})"
+    expected, size = offset + math.prod(shape) * dtype.itemsize, data_file.stat().st_size
+    if size < expected:
+        return f"truncated: features.npy holds {format_size(size)} of {format_size(expected)} expected"
+    if size > expected:
+        return f"oversized: features.npy holds {format_size(size)}, more than the {format_size(expected)} its header describes"
+    meta_dtype = meta.get("dtype", "float16")
+    if (list(shape) != meta.get("shape") or str(dtype) != meta_dtype or dtype != np.float16
+            or meta.get("n_images", shape[0]) != shape[0]):
+        return (f"inconsistent: meta.json records shape {meta.get('shape')} {meta_dtype}, features.npy holds "
+                f"{list(shape)} {dtype}")
+    if key is not None and meta.get("key") != key:
+        return f"inconsistent: built for key {meta.get('key')}, not {key}"
+    return None
+
+
 def open_cache(path: str | os.PathLike) -> np.ndarray:
-    """The memmapped features of a complete cache folder; a clear error for anything else."""
+    """The memmapped features of a complete cache folder; a clear error for anything else (:func:`cache_problem`)."""
     path = Path(path)
     meta_file, data_file = path / "meta.json", path / "features.npy"
     if not meta_file.is_file() or not data_file.is_file():
         raise FileNotFoundError(f"{path} is not a complete feature cache (expected meta.json and features.npy); "
                                 "delete it and rerun to rebuild.")
-    meta = json.loads(meta_file.read_text())
-    array = np.load(data_file, mmap_mode="r")
-    if not meta.get("complete") or list(array.shape) != meta["shape"] or array.dtype != np.float16:
-        raise ValueError(f"Feature cache {path} is inconsistent (meta {meta.get('shape')} vs array "
-                         f"{list(array.shape)} {array.dtype}); delete the folder to rebuild it.")
-    return array
+    problem = cache_problem(path)
+    if problem:
+        raise FeatureCacheError(f"feature cache {path} cannot be used ({problem}); rerun the command to rebuild it "
+                                "(a damaged cache is replaced automatically) or delete the folder.")
+    return np.load(data_file, mmap_mode="r")
+
+
+# ------------------------------------------------------------------------------ temporaries of killed builds
+def newest_mtime(folder: Path) -> float:
+    times = [folder.stat().st_mtime]
+    for entry in folder.iterdir():
+        try:
+            times.append(entry.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
+
+
+def stale_reason(tmp: str | os.PathLike, now: float | None = None) -> str | None:
+    """Why the temporary build folder ``tmp`` is abandoned, or None while its build may still be running.
+
+    With an owner file from this host: abandoned when that pid is gone (or now names another process).
+    Otherwise (no or unreadable owner file, or another host): when untouched for :data:`ORPHAN_AGE_S`.
+    """
+    tmp = Path(tmp)
+    try:
+        owner = json.loads((tmp / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        owner = None
+    if same_host(owner):
+        gone = owner_gone(owner)
+        return f"its build, {gone}" if gone else None
+    try:
+        age = (time.time() if now is None else now) - newest_mtime(tmp)
+    except OSError:
+        return None  # vanished meanwhile (its build finished or another sweep removed it)
+    if age < ORPHAN_AGE_S:
+        return None
+    who = f"owner on host {owner.get('host')}" if isinstance(owner, dict) and owner.get("host") else "no owner file"
+    return f"{who}, untouched for {age / 3600:.1f} h"
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes ``folder``'s files occupy on disk (what deleting it frees: a killed build's features.npy is a
+    sparse file of the full size, only partly written)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+    return total
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> list[Path]:
+    """Delete the abandoned temporary folders of feature-cache builds in ``root`` (builds killed before their
+    final rename; :func:`stale_reason`), keeping those of builds that may still run. One warning per folder."""
+    root = Path(root)
+    try:
+        entries = sorted(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for tmp in entries:
+        if not TEMP_NAME.match(tmp.name) or tmp.is_symlink() or not tmp.is_dir():
+            continue
+        reason = stale_reason(tmp)
+        if reason is None:
+            continue
+        size = folder_size(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            log.warning("feature cache: could not remove the abandoned build folder %s (%s); delete it by hand", tmp,
+                        format_size(size))
+            continue
+        log.warning("feature cache: removed the abandoned build folder %s (%s on disk; %s)", tmp, format_size(size),
+                    reason)
+        removed.append(tmp)
+    return removed
+
+
+# ------------------------------------------------------------------------------ building
+class BuildProgress:
+    """A build's progress on stderr: a start line, then a tqdm bar when stderr is a terminal or else a plain
+    line at each further tenth of the images (batch logs keep every line), and an end line with time and size."""
+
+    def __init__(self, path: Path, n: int, backbone_name: str, device, stream=None):
+        self.path, self.n, self.done, self.next_tenth = path, n, 0, 1
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+        self.line(f"building feature cache {path}: {n} images with {backbone_name} on {device}")
+        isatty = getattr(self.stream, "isatty", lambda: False)()
+        self.bar = tqdm(total=n, unit="img", desc="feature cache", file=self.stream, leave=False) if isatty else None
+
+    def line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def update(self, k: int) -> None:
+        self.done += k
+        if self.bar is not None:
+            self.bar.update(k)
+            return
+        tenth = self.done * 10 // max(self.n, 1)
+        if tenth >= self.next_tenth and self.done < self.n:  # the end line reports 100 %
+            elapsed = time.monotonic() - self.started
+            left = elapsed * (self.n - self.done) / self.done
+            self.line(f"  feature cache: {self.done}/{self.n} images ({100 * self.done // self.n} %), "
+                      f"{elapsed:.0f} s so far, about {left:.0f} s left")
+            self.next_tenth = tenth + 1
+
+    def close(self, size: int | None = None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if size is not None:
+            self.line(f"feature cache {self.path} built: {self.n} images, {format_size(size)} in "
+                      f"{time.monotonic() - self.started:.1f} s")
+
+
+def remove_cache_folder(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 class _Pixels(torch.utils.data.Dataset):
@@ -124,18 +339,30 @@ class _Pixels(torch.utils.data.Dataset):
 @torch.no_grad()
 def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | None = None, batch_size: int = 32,
                   device: torch.device | str = "cpu", num_workers: int = 0, build: bool = True) -> CachedFeatureLoader:
-    """The cache of ``dataset``'s images under ``backbone``: reused when its key matches, else built.
+    """The cache of ``dataset``'s images under ``backbone``: reused when its key matches and it is sound, else built.
 
     ``dataset`` needs ``image_paths`` and a pixel ``load_image(index)`` (contracts B). With
-    ``build=False`` a missing cache raises FileNotFoundError (non-zero DDP ranks wait for rank 0).
+    ``build=False`` a missing cache raises FileNotFoundError and a damaged one FeatureCacheError
+    (non-zero DDP ranks wait for rank 0). With ``build=True`` the abandoned temporary folders of killed
+    builds in the cache root are removed first, and a damaged cache folder is removed and rebuilt, each
+    with a warning naming the folder; building prints its progress to stderr (:class:`BuildProgress`).
     """
     load_image = pixel_loader(dataset)
     key = cache_key(backbone, dataset, load_image)
     root = Path(root) if root is not None else cache_dir() / "features"
-    path = root / f"{getattr(backbone, 'name', 'backbone').replace(':', '_')}-{key[:16]}"
-    if (path / "meta.json").is_file():
-        open_cache(path)  # validates
-        return CachedFeatureLoader(path)
+    backbone_name = getattr(backbone, "name", None)
+    path = root / f"{(backbone_name or 'backbone').replace(':', '_')}-{key[:16]}"
+    if build:
+        remove_stale_temporaries(root)
+    if path.exists() or path.is_symlink():
+        problem = cache_problem(path, key)
+        if problem is None:
+            return CachedFeatureLoader(path)
+        if not build:
+            raise FeatureCacheError(f"feature cache {path} cannot be used ({problem}); the rank that builds it "
+                                    "(rank 0) should have replaced it: delete the folder and rerun.")
+        log.warning("feature cache %s is damaged (%s); removing it and rebuilding", path, problem)
+        remove_cache_folder(path)
     if not build:
         raise FileNotFoundError(f"feature cache {path} does not exist yet")
     n = len(dataset.image_paths)
@@ -144,12 +371,15 @@ def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | 
     original_device = next(iter(backbone.parameters()), torch.zeros(0)).device
     backbone.to(device)
     loader = torch.utils.data.DataLoader(_Pixels(load_image, n), batch_size=batch_size, num_workers=num_workers)
+    progress = BuildProgress(path, n, backbone_name or type(backbone).__name__, device)
     # The build leaves the global RNGs as it found them (a DataLoader draws a seed), so a run's numbers do
     # not depend on whether its cache was already there.
     devices = [device] if torch.device(device).type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), atomic_path(path) as tmp:
             tmp.mkdir(parents=True)
+            # Who builds, so that a later run can tell this folder, if the build is killed, from a running build.
+            (tmp / OWNER_FILE).write_text(json.dumps(owner_record()))
             array = None
             start = 0
             for images in loader:
@@ -159,15 +389,19 @@ def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | 
                                                       shape=(n, *feats.shape[1:]))
                 array[start:start + len(feats)] = feats
                 start += len(feats)
+                progress.update(len(feats))
             if array is None or start != n:
                 raise RuntimeError(f"feature cache build for {n} images produced {start}")
             array.flush()
             del array
             (tmp / "meta.json").write_text(json.dumps({
                 "complete": True, "shape": [n, *feats.shape[1:]], "dtype": "float16", "key": key,
-                "backbone": getattr(backbone, "name", None), "n_images": n,
+                "backbone": backbone_name, "n_images": n,
                 "first_path": str(dataset.image_paths[0]) if n else None}))
+            (tmp / OWNER_FILE).unlink()
+        progress.close((path / "features.npy").stat().st_size)
     finally:
+        progress.close()
         backbone.to(original_device)
         backbone.train(was_training)
     return CachedFeatureLoader(path)

@@ -18,13 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grounding.errors import UserInputError
 from grounding.utils.io import atomic_path
 
 DEBIAN_PACKAGES = ("wordnet-base", "wordnet-sense-index")
 _SYNTACTIC_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 
 
-class WordNetUnavailable(RuntimeError):
+class WordNetUnavailable(UserInputError, RuntimeError):
     pass
 
 

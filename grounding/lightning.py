@@ -4,22 +4,28 @@ It holds what is the same for all stages: optimizer/scheduler injection from the
 (``optimizer`` / ``lr_scheduler`` callables, jsonargparse's dependency-injection pattern), an
 optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
 (``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes,
-and the frozen-backbone feature cache as a callback for stages that set ``feature_cache`` and
-implement ``frozen_backbone()``.
+the frozen-backbone feature cache as a callback for stages that set ``feature_cache`` and
+implement ``frozen_backbone()``, and the run's printed record for batch jobs: one line per training epoch
+when stdout is not a terminal (:class:`EpochSummary`), the best checkpoint and its score at the end of a fit,
+and test/validate result tables with values rounded for display only (:class:`ResultsTable`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 
 from grounding.feature_cache import FeatureCache
 from grounding.nets import as_net, net_spec
@@ -84,7 +90,7 @@ class GroundingModule(LightningModule):
         # save_on_train_epoch_end: every epoch, also those without a validation (check_val_every_n_epoch > 1)
         last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
                                enable_version_counter=False, save_on_train_epoch_end=True)
-        callbacks = [best, last, FitRecord()]
+        callbacks = [best, last, FitRecord(), EpochSummary(), ResultsTable()]
         return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
 
 
@@ -92,7 +98,7 @@ class FitRecord(Callback):
     """``<default_root_dir>/fit_record.json``: the wall time and epochs of the run's training, rewritten
     (atomically) after every training epoch. A resumed fit (``--ckpt_path``) continues the record: segments
     from the restored epoch on are dropped (a resume from an earlier checkpoint retrains them) and a new one
-    added; a fresh fit starts a new record at its first epoch. The leaderboard reads it for its training-time
+    added; a fresh fit starts a new record, written when its first epoch ends. The leaderboard reads it for its training-time
     column. Only global rank 0 writes."""
 
     def __init__(self):
@@ -115,7 +121,8 @@ class FitRecord(Callback):
                 self.segments = []
         self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "first_epoch": first, "seconds": 0.0, "epochs": 0})
-        self._write(trainer)  # a fresh fit replaces an older run's record at once
+        # written at the first epoch's end, with the first checkpoint: a fit that fails before leaves the folder's
+        # earlier record as it was
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self.started is None or not self.segments or trainer.sanity_checking:
@@ -142,3 +149,234 @@ def _until_epoch(segment: dict, epoch: int) -> dict:
     if keep >= done:
         return segment
     return dict(segment, epochs=keep, last_epoch=epoch - 1, seconds=round(float(segment["seconds"]) * keep / max(done, 1), 1))
+
+
+# --- What a run prints: epoch lines, the end-of-fit checkpoint line, rounded result tables --------------------
+# Display only: every value is read from trainer.callback_metrics and formatted; the metrics themselves (what
+# checkpoints monitor, loggers record and the leaderboard reads) are never rounded.
+
+DATALOADER_SUFFIX = "/dataloader_idx_"
+
+
+def display_number(value) -> str:
+    """A metric for display: 4 significant digits without trailing zeros (``1.23456 -> 1.235``,
+    ``245.63 -> 245.6``, ``60.000003814697266 -> 60``), whole numbers from 10,000 up (``12345.6 -> 12346``,
+    never an exponent), an exponent only below 0.0001 (``1.235e-05``)."""
+    v = float(value)
+    if not math.isfinite(v):
+        return str(v)  # nan, inf, -inf
+    if abs(v) >= 9999.5:
+        return f"{v:.0f}"
+    text = f"{v:.4g}"
+    return "0" if text == "-0" else text
+
+
+def scalar_metrics(metrics: Mapping) -> dict[str, float]:
+    """The scalar entries of ``trainer.callback_metrics`` (or any mapping) as floats, without Lightning's
+    ``name_step`` / ``name_epoch`` twins of a metric logged both per step and per epoch (``name`` holds the
+    epoch value), sorted by name. Reads the values; changes nothing."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                continue
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        name, sep, loader = key.partition(DATALOADER_SUFFIX)
+        twin = next((name[: -len(end)] for end in ("_step", "_epoch") if name.endswith(end)), None)
+        if twin is not None and twin + sep + loader in metrics:
+            continue
+        out[key] = float(value)
+    return dict(sorted(out.items()))
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return bool(sys.stdout.isatty())
+    except (AttributeError, ValueError):  # a replaced or closed stdout: not a terminal
+        return False
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # flushed: a batch job's log file shows each line when it happens
+
+
+class EpochSummary(Callback):
+    """One line per training epoch, after its validation, when stdout is not a terminal or the progress bar
+    is off (a log file keeps only the Rich bar's last frame), and at the end of every fit one line naming the
+    best checkpoint, its monitored score and epoch, and ``last.ckpt``. Global rank 0 prints; nothing else::
+
+        epoch 3/15  train/loss 1.234  val/rsum 245.6  (41 s)
+        best checkpoint: outputs/x/checkpoints/best-epoch006-step70.ckpt (val/rsum 245.6, epoch 7); last: ...
+
+    The metrics are ``trainer.callback_metrics`` at the epoch's end, rounded by :func:`display_number`. A
+    training metric logged per step only (Lightning's default in ``training_step``; the callback metrics
+    then hold the last step's value) is shown as its mean over the epoch's steps, counted on rank 0. Epochs
+    are counted from 1 here; checkpoint file names carry Lightning's epoch index, which counts from 0."""
+
+    def __init__(self):
+        self.lines = False  # this epoch is printed
+        self.started = 0.0
+        self.previous: dict[str, object] = {}  # callback metrics at the last step: which ones each step renews
+        self.sums: dict[str, torch.Tensor] = {}
+        self.renewed: dict[str, int] = {}
+        self.steps = 0
+        self.best_epochs: dict[str, int] = {}  # best checkpoint path -> the epoch it was saved in (from 1)
+        self.best_paths: dict[str, str] = {}  # ModelCheckpoint monitor -> its best path when last looked at
+
+    # -- per epoch
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        bar = trainer.progress_bar_callback
+        bar_off = bar is None or bool(getattr(bar, "is_disabled", False))
+        self.lines = trainer.is_global_zero and (bar_off or not _stdout_is_terminal())
+        self.started = time.perf_counter()
+        self.previous = dict(trainer.callback_metrics) if self.lines else {}
+        self.sums, self.renewed, self.steps = {}, {}, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.lines:
+            return
+        self.steps += 1
+        for key, value in trainer.callback_metrics.items():  # here: this step's values of per-step metrics
+            if value is self.previous.get(key):
+                continue
+            self.previous[key] = value
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                self.renewed[key] = self.renewed.get(key, 0) + 1
+                # summed on its device without a sync; read once at the epoch's end
+                self.sums[key] = self.sums.get(key, 0.0) + value.detach().float().reshape(())
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if not self.lines:
+            return
+        metrics = scalar_metrics(trainer.callback_metrics)
+        for key in metrics:  # renewed at every step and without an epoch value: logged per step only
+            if self.steps and self.renewed.get(key) == self.steps and not self._has_epoch_value(key, trainer):
+                metrics[key] = float(self.sums[key]) / self.steps
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        head = f"epoch {trainer.current_epoch + 1}" + (f"/{epochs}" if epochs else "")
+        shown = "  ".join(f"{k} {display_number(v)}" for k, v in metrics.items())
+        seconds = time.perf_counter() - self.started
+        _say("  ".join(p for p in (head, shown, f"({seconds:.0f} s)" if seconds >= 10 else f"({seconds:.1f} s)") if p))
+
+    @staticmethod
+    def _has_epoch_value(key: str, trainer) -> bool:
+        name, sep, loader = key.partition(DATALOADER_SUFFIX)
+        return f"{name}_step{sep}{loader}" in trainer.callback_metrics
+
+    # -- the best checkpoint's epoch: noted when a monitored ModelCheckpoint saves a new best
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after a resume's restore: the restored best is not this fit's news (its epoch comes from state_dict)
+        self.best_paths = {cb.monitor: str(cb.best_model_path or "") for cb in _monitored_checkpoints(trainer)}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        for cb in _monitored_checkpoints(trainer):
+            path = str(cb.best_model_path or "")
+            if path and self.best_paths.get(cb.monitor) != path:  # ModelCheckpoint names its new best first
+                self.best_paths[cb.monitor] = path
+                self.best_epochs[path] = int(checkpoint.get("epoch", trainer.current_epoch)) + 1
+
+    def state_dict(self) -> dict:
+        return {"best_epochs": dict(self.best_epochs)}  # a resumed fit still knows its best's epoch
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.best_epochs.update(state_dict.get("best_epochs") or {})
+
+    # -- end of fit
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            line = self.checkpoint_line(trainer)
+            if line:
+                _say(line)
+
+    def checkpoint_line(self, trainer) -> str | None:
+        """``best checkpoint: <path> (<monitor> <score>, epoch <n>); last: <path>``; ``last checkpoint: <path>``
+        without a monitored checkpoint; None when the fit saved none (``fast_dev_run``)."""
+        checkpoints = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+        last = next((p for cb in checkpoints for p in (cb.last_model_path, "" if cb.monitor else cb.best_model_path) if p), "")
+        best, saved = [], bool(last)
+        for cb in _monitored_checkpoints(trainer):
+            path = str(cb.best_model_path or "")
+            if not path or cb.best_model_score is None:
+                best.append(f"best checkpoint: none ({cb.monitor} was never logged)")
+                continue
+            saved, epoch = True, self.best_epochs.get(path)
+            score = f"{cb.monitor} {display_number(cb.best_model_score)}" + (f", epoch {epoch}" if epoch else "")
+            best.append(f"best checkpoint: {path} ({score})")
+        if not saved:
+            return None
+        if not best:
+            return f"last checkpoint: {last}"
+        return "; ".join(best) + (f"; last: {last}" if last else "")
+
+
+def _monitored_checkpoints(trainer) -> list[ModelCheckpoint]:
+    return [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor]
+
+
+class ResultsTable(Callback):
+    """``validate`` / ``test`` results printed with values rounded for display (:func:`display_number`):
+    Lightning prints the float32 metrics converted to Python floats (``60.000003814697266``). When Lightning
+    would print its table (``verbose``, the default; ``--verbose=false`` keeps both quiet) this callback turns
+    it off for the run, through the trainer's public ``validate_loop`` / ``test_loop`` ``verbose`` attribute
+    (``trainer.validate()`` / ``trainer.test()`` set it again on every call), and prints its own table from
+    ``trainer.callback_metrics`` on global rank 0: one column per dataloader, metric names sorted::
+
+        test metric     DataLoader 0
+        -----------     ------------
+        test/R@1                  60
+        test/rsum              245.6
+
+    The metrics themselves are untouched. Validation inside ``fit`` is not affected (it prints no table)."""
+
+    def __init__(self):
+        self.printing = False
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._take_over(trainer, TrainerFn.VALIDATING, trainer.validate_loop)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._take_over(trainer, TrainerFn.TESTING, trainer.test_loop)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._print(trainer, "validate")
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._print(trainer, "test")
+
+    def _take_over(self, trainer, fn: TrainerFn, loop) -> None:
+        self.printing = False
+        if trainer.state.fn != fn or trainer.sanity_checking:
+            return
+        if getattr(loop, "verbose", None) is True:
+            loop.verbose = False
+            self.printing = True
+
+    def _print(self, trainer, stage: str) -> None:
+        if self.printing and trainer.is_global_zero:
+            self.printing = False
+            table = results_table(trainer.callback_metrics, stage)
+            if table:
+                _say(table)
+
+
+def results_table(metrics: Mapping, stage: str) -> str:
+    """The scalar metrics as a plain-text table (no colour codes: it reads the same in a log file), one row
+    per metric and one column per dataloader, values rounded for display; "" when there is none."""
+    columns: dict[int, dict[str, str]] = {}
+    for key, value in scalar_metrics(metrics).items():
+        name, _, loader = key.partition(DATALOADER_SUFFIX)
+        columns.setdefault(int(loader) if loader.isdigit() else 0, {})[name] = display_number(value)
+    if not columns:
+        return ""
+    loaders = sorted(columns)
+    names = sorted({name for column in columns.values() for name in column})
+    header = [f"{stage} metric"] + [f"DataLoader {i}" for i in loaders]
+    rows = [[name] + [columns[i].get(name, "") for i in loaders] for name in names]
+    widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "   ".join([cells[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(cells[1:], widths[1:])]).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)])

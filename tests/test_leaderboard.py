@@ -26,7 +26,7 @@ def test_leaderboard_yamls_name_configs_that_parse(path):
     board = load_leaderboard(path)
     assert len(board.models) >= 6 and board.test_set.captions["class_path"] == "data_modules.FlickrDataModule"
     for entry in board.models:
-        assert entry.command.startswith("make ")
+        assert "make " in entry.command  # a make target (the Flickr8k search heads: after a Visual Genome stage 2)
         if entry.config:
             cfg = resolved_config(entry.config)  # parses as `python -m grounding test` would
             assert cfg["model"]["class_path"] and cfg["data"]["class_path"]

@@ -127,5 +127,6 @@ def test_search_heads_train_and_cli(tiny_world, tmp_path, monkeypatch, capsys):
     assert "Reusing index" in capsys.readouterr().out
     assert torch.allclose(feats[:3], searcher.encode_images(paths[:3]), atol=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporaries left
-    with pytest.raises(SystemExit, match="not a folder"):
+    with pytest.raises(SystemExit) as exit_info:
         search_cli.main(["--ckpt", str(ckpt), "--images", str(tmp_path / "nope"), "--query-text", "x"])
+    assert exit_info.value.code == 2 and "not a folder" in capsys.readouterr().err

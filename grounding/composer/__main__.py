@@ -32,6 +32,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from grounding.cli import config_options_first
+from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import shared_data_dir
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
@@ -49,7 +50,7 @@ class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter)
     """jsonargparse's help, descriptions printed as written."""
 
 
-class UsageError(Exception):
+class UsageError(UserInputError):
     """A command line or config the commands cannot run with (exit status 2)."""
 
 
@@ -340,4 +341,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors_exit("python -m grounding.composer"):
+        sys.exit(main())

@@ -21,9 +21,10 @@ from data_modules.formats import (
     read_text,
 )
 from data_modules.formats import read_karpathy_json as read_karpathy_records
+from grounding.errors import UserInputError
 
 
-class CaptionFileError(ValueError):
+class CaptionFileError(UserInputError, ValueError):
     """A caption file is not in any supported layout; the message names file and fix."""
 
 

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from grounding.errors import MissingInputError
 from grounding.utils.io import atomic_path
 
 from .crg import CaptionCRG
@@ -199,7 +200,7 @@ class ConceptGraph:
     def load(cls, path: str | os.PathLike) -> "ConceptGraph":
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"concept graph {path} does not exist; build it with `python -m grounding.composer crg`")
+            raise MissingInputError(f"concept graph {path} does not exist; build it with `python -m grounding.composer crg`")
         with np.load(path, allow_pickle=False) as z:
             if "format_version" not in z or int(z["format_version"]) != FORMAT_VERSION:
                 raise ValueError(f"{path} is not a concept graph of format {FORMAT_VERSION}; rebuild it with "

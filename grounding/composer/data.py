@@ -30,6 +30,7 @@ from data_modules.common import (
     EpochSampler,
     GroundingDataModule,
     MalformedDataError,
+    MissingDataError,
 )
 from data_modules.formats import load_json
 from data_modules.regions import BoxStore, RegionStore
@@ -222,6 +223,16 @@ class ComposerDataModule(GroundingDataModule):
         self.graphs: dict[str, SplitGraph] = {}
 
     # ---------------------------------------------------------------- building
+    def check_inputs(self) -> None:
+        """The caption reader's files and the files named here exist (before any model is built)."""
+        self.captions.check_inputs()
+        for name, fix in (("world_meta", "generate the world (`make world`) or set world_meta: null"),
+                          ("region_files", "extract the regions first (docs/composer.md) or set region_files: null"),
+                          ("region_boxes", "point it at Visual Genome's objects.json or set region_boxes: null")):
+            value = getattr(self, name)
+            if value and not resolve_path(value).exists():
+                raise MissingDataError(f"ComposerDataModule: {name} {value} does not exist. Fix: {fix}.")
+
     def _build_datasets(self) -> dict[str, Dataset]:
         self.captions.setup()
         datasets = dict(self.captions.datasets)

@@ -29,6 +29,7 @@ from typing import Sequence
 
 from nltk import Tree
 
+from grounding.errors import UserInputError
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_write_bytes, sha1_of_json
 
@@ -53,7 +54,7 @@ INSTALL_HINTS = {
 }
 
 
-class ParserUnavailableError(RuntimeError):
+class ParserUnavailableError(UserInputError, RuntimeError):
     """A backend's library or model is not installed; the message says how to install it."""
 
 

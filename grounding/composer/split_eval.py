@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.cli import ConfigError, run_test_subcommand
 from grounding.cli import resolved_config as cli_resolved_config
+from grounding.errors import UserInputError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json
 
 MCD_FILE = "mcd.json"
@@ -44,7 +45,7 @@ COMPOSER_TRAINING = "grounding.composer.training.ComposerTraining"
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
 
 
-class SplitEvalError(ValueError):
+class SplitEvalError(UserInputError, ValueError):
     """A split folder, model config or checkpoint evaluate-splits cannot use (one line, exit status 2)."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from grounding.errors import user_errors_exit
 from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, write_outputs
 
 
@@ -51,4 +52,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors_exit("python -m grounding.leaderboard"):
+        sys.exit(main())

@@ -50,6 +50,7 @@ from matplotlib.figure import Figure
 
 from grounding.cli import ConfigError, resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
+from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
 from grounding.paths import resolve_path
 from grounding.retrieval import RetrievalScores, retrieval_metrics, subset_t2i_recalls
@@ -67,7 +68,7 @@ COLUMNS = ("model", "paper", *RECALLS, "compositional_r1", "train_minutes", "epo
 AGREEMENT = 1e-3
 
 
-class LeaderboardError(ValueError):
+class LeaderboardError(UserInputError, ValueError):
     """A leaderboard YAML, test set or model entry that cannot be used (one line, exit status 2)."""
 
 

@@ -24,6 +24,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
 from grounding.cli import config_options_first
+from grounding.errors import user_errors_exit
 from grounding.semantic_space.report import DEFAULTS, merge_config, run_report
 
 PROG = "python -m grounding.semantic_space"
@@ -128,4 +129,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors_exit("python -m grounding.semantic_space"):
+        sys.exit(main())

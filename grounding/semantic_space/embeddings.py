@@ -30,6 +30,7 @@ import torch
 
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.encoders import load_text_encoder, load_tokenizer
+from grounding.errors import UserInputError
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_path, atomic_write_json, sha1_of_file, sha1_of_json, state_dict_sha1
 
@@ -37,7 +38,7 @@ WORD_EMBEDDINGS_SUFFIX = "embeddings.word_embeddings.weight"
 CACHE_VERSION = 1
 
 
-class LanguageStreamError(ValueError):
+class LanguageStreamError(UserInputError, ValueError):
     """A language stream could not be loaded from the given source."""
 
 

@@ -26,6 +26,8 @@ from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
 from grounding.cli import expand_config_bases, stage_config_parser
+from grounding.errors import UserInputError, user_errors_exit
+from grounding.paths import resolve_path
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
@@ -56,6 +58,9 @@ def _export(args):
 
 
 def _report(args):
+    if not resolve_path(args.ste).exists():  # before WordNet and the encoders load (minutes)
+        raise UsageError(f"--ste {args.ste} does not exist: give an exported STE folder (`make ste` writes "
+                         "outputs/semclip/ste_wordnet/embedding) or a word2vec text file.")
     out = write_report(ste=args.ste, out=args.out, encoders=args.encoders, word_similarity=args.word_similarity,
                        max_queries=args.max_queries, batch_size=args.batch_size)
     print((Path(out) / "README.md").read_text())
@@ -120,7 +125,7 @@ class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter)
     """jsonargparse's help, the description printed as written."""
 
 
-class UsageError(Exception):
+class UsageError(UserInputError):
     """A command line or config the commands cannot run with (exit status 2)."""
 
 
@@ -194,4 +199,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors_exit("python -m grounding.semclip"):
+        main(sys.argv[1:])

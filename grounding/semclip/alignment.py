@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
+from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
 from grounding.nets import RecordedNet, net_hparams
 from grounding.semclip.evaluation import TextEncoderEmbedder
@@ -79,7 +80,7 @@ def load_transform(path: str | Path) -> tuple[AlignmentTransform, dict]:
     returns the transform (eval mode) and its provenance (VLM spec, STE path, when recorded)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"No alignment transform at {p}: train one with `python -m grounding fit --config "
+        raise MissingInputError(f"No alignment transform at {p}: train one with `python -m grounding fit --config "
                                 "experiments/semclip/align_world.yaml` (it writes model.init_args.export_path).")
     obj = torch.load(p, map_location="cpu", weights_only=False)
     if isinstance(obj, dict) and obj.get("format", "").startswith("semclip-alignment-transform"):

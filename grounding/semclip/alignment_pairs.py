@@ -27,6 +27,7 @@ from data_modules.common import MalformedDataError, MissingDataError
 from data_modules.formats import read_caption_texts
 from grounding.composer.captions import CaptionFileError
 from grounding.composer.captions import read_captions as read_caption_set
+from grounding.errors import MissingInputError
 from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import CaptionTargets, minilm_lexical_variants
 from grounding.semclip.ste import STEEmbedding
@@ -68,7 +69,7 @@ def read_captions(paths: str | Sequence[str], images: str | None = None) -> list
 def ste_fingerprint(path: str | os.PathLike) -> dict:
     p = resolve_path(path)
     if not p.exists():
-        raise FileNotFoundError(f"STE export {p} does not exist: train and export one first (`python -m grounding fit "
+        raise MissingInputError(f"STE export {p} does not exist: train and export one first (`python -m grounding fit "
                                 "--config experiments/semclip/ste_world.yaml` or ste_wordnet.yaml writes export_dir).")
     files = [p / "vocab.txt", p / "vectors.npy"] if p.is_dir() else [p]
     return {"path": str(p), "files": [(f.name, sha1_of_file(f)) for f in files if f.is_file()]}
@@ -132,6 +133,10 @@ class AlignmentPairsDataModule(LightningDataModule):
                 read_captions(caps, h.caption_images)  # raises the clear missing-file error
             key["caption_images"] = sha1_of_file(resolve_path(h.caption_images))
         return sha1_of_json(key)
+
+    def check_inputs(self) -> None:
+        """VLM weights, STE export, caption files and image list exist (before any model is built)."""
+        self.cache_key()
 
     def cache_path(self) -> Path:
         if self.hparams.cache:

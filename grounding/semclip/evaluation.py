@@ -28,6 +28,7 @@ from scipy import stats
 
 from data_modules.wordnet_lists import lemma_surface
 from grounding.encoders import load_text_encoder, load_tokenizer
+from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
 from grounding.paths import cache_dir, shared_data_dir
 from grounding.semclip.ste import STEEmbedding
@@ -302,7 +303,7 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
     ws_dir = Path(word_similarity) if word_similarity else shared_data_dir() / "word-similarity"
     files = sorted(p for p in ws_dir.glob("*.txt")) if ws_dir.is_dir() else []
     if word_similarity and not files:
-        raise FileNotFoundError(f"No word-similarity files (*.txt, w1<TAB>w2<TAB>score) in {ws_dir}")
+        raise MissingInputError(f"No word-similarity files (*.txt, w1<TAB>w2<TAB>score) in {ws_dir}")
     scorers: dict[str, Callable] = {"STE": lambda a, b: ste_pair_similarity(emb, a, b, wn)}
     for name, (embedder, vectors, index) in encoder_vectors.items():
         # words outside WordNet's noun forms are encoded in one batch up front

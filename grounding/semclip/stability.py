@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from grounding.errors import MissingInputError
 from grounding.semclip.alignment import overlap_at_k, recovery_error, retrieval_scores
 from grounding.semclip.store import SemCLIPStore
 from grounding.utils.io import atomic_path
@@ -58,7 +59,7 @@ def world_images(world: str | Path, splits: Sequence[str] = ("val", "test")) -> 
     world = Path(world)
     meta_file = world / "world.json"
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{meta_file} not found: generate the embedded world with `make world` "
+        raise MissingInputError(f"{meta_file} not found: generate the embedded world with `make world` "
                                 "(python -m data_modules.synthetic --out data/world).")
     meta = json.loads(meta_file.read_text())
     unknown = set(splits) - {"train", "val", "test"}
@@ -73,7 +74,7 @@ def world_images(world: str | Path, splits: Sequence[str] = ("val", "test")) -> 
         paths.append(coco if coco.is_file() else world / "images" / im["file_name"])
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"{len(missing)} world image(s) missing, e.g. {missing[0]}; regenerate with `make world`.")
+        raise MissingInputError(f"{len(missing)} world image(s) missing, e.g. {missing[0]}; regenerate with `make world`.")
     return paths, [{o["kind"] for o in im["objects"]} for im in images], meta
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from data_modules.wordnet_lists import lemma_surface
+from grounding.errors import MissingInputError
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.nets import RecordedNet
 from grounding.semclip.losses import multi_positive_contrastive_loss
@@ -235,14 +236,14 @@ class STEEmbedding:
         path = Path(path)
         if path.is_dir():
             if not (path / "vocab.txt").is_file() or not (path / "vectors.npy").is_file():
-                raise FileNotFoundError(f"{path} is not an exported STE (expected vocab.txt and vectors.npy; "
+                raise MissingInputError(f"{path} is not an exported STE (expected vocab.txt and vectors.npy; "
                                         "export one with `python -m grounding.semclip export --ckpt CKPT --out DIR`).")
             keys = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
             return cls(keys, np.load(path / "vectors.npy"))
         if path.is_file():
             keys, vectors = read_word2vec(path)
             return cls(keys, vectors)
-        raise FileNotFoundError(f"STE embedding {path} does not exist (a folder from `grounding.semclip export` or a word2vec text file).")
+        raise MissingInputError(f"STE embedding {path} does not exist (a folder from `grounding.semclip export` or a word2vec text file).")
 
 
 def write_word2vec(path: Path, keys: Sequence[str], vectors: np.ndarray):

@@ -28,6 +28,7 @@ from data_modules.common import CaptionDataset, build_transform, open_rgb, token
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.encoders import load_tokenizer
+from grounding.errors import MissingInputError
 from grounding.nets import build_net
 from grounding.vgbert.baseline import DualEncoderBaseline
 from grounding.vgbert.search_heads import SearchHeads
@@ -41,10 +42,10 @@ def list_images(folder: str | os.PathLike) -> list[Path]:
     """Image files of a folder, sorted by name (the ingestion order of a store)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
-        raise FileNotFoundError(f"Image folder {folder} does not exist.")
+        raise MissingInputError(f"Image folder {folder} does not exist.")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise FileNotFoundError(f"{folder} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+        raise MissingInputError(f"{folder} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
     return files
 
 
@@ -180,7 +181,7 @@ class HFCLIP:
             self.model = CLIPModel.from_pretrained(str(p), local_files_only=True).to(device).eval()
             self.tokenizer = CLIPTokenizerFast.from_pretrained(str(p), local_files_only=True)
         except (OSError, ValueError) as e:
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"No CLIP weights at {path!r}. SemCLIP's paper VLM is OpenAI CLIP (e.g. openai/clip-vit-base-patch32): "
                 "download it on a machine with internet (`huggingface-cli download openai/clip-vit-base-patch32 "
                 "--local-dir DIR`) and pass DIR, or plug in any object with encode_image/encode_text (grounding.semclip.VLM)."
@@ -225,7 +226,7 @@ class OpenCLIP:
             raise ImportError("open-clip VLMs need the open_clip package (`pip install open_clip_torch`) and a local "
                               "weights file; 'hf-clip:<dir>' or 'suite:<ckpt>' work without it.") from e
         if not Path(weights).expanduser().is_file():
-            raise FileNotFoundError(f"No open_clip weights at {weights!r}: download the {architecture} checkpoint on a "
+            raise MissingInputError(f"No open_clip weights at {weights!r}: download the {architecture} checkpoint on a "
                                     "machine with internet and pass its path ('open-clip:<architecture>:<file>').")
         self.model, _, self.transform = open_clip.create_model_and_transforms(architecture, pretrained=str(weights),
                                                                               device=device)
@@ -278,7 +279,7 @@ def vlm_fingerprint(spec: str) -> dict:
         hint = {"hf-clip": "download a CLIP on a machine with internet (`huggingface-cli download "
                            "openai/clip-vit-base-patch32 --local-dir DIR`) and pass 'hf-clip:DIR'",
                 "suite": "train one (`make baseline` writes outputs/vgbert/baseline_tiny/checkpoints/last.ckpt)"}
-        raise FileNotFoundError(f"VLM {spec!r}: {p} does not exist; {hint.get(kind, SPEC_HELP)}.")
+        raise MissingInputError(f"VLM {spec!r}: {p} does not exist; {hint.get(kind, SPEC_HELP)}.")
     files = sorted(p.rglob("*")) if p.is_dir() else [p]
     return {"spec": spec, "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]}
 

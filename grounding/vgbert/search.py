@@ -22,6 +22,7 @@ from PIL import Image, UnidentifiedImageError
 
 from data_modules.common import build_transform
 from grounding.encoders import load_tokenizer
+from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
 from grounding.vgbert.search_heads import SearchHeads, multimodal_query, rank_images
@@ -29,7 +30,7 @@ from grounding.vgbert.search_heads import SearchHeads, multimodal_query, rank_im
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 
-class SearchError(ValueError):
+class SearchError(UserInputError, ValueError):
     pass
 
 
@@ -172,14 +173,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for alpha in [a.alpha, *alphas]:
             if not 0 <= alpha <= 1:
                 raise SearchError(f"alpha values must lie in [0, 1]; got {alpha}.")
+        # every input named before the model loads and the folder is indexed
+        if not Path(a.ckpt).expanduser().is_file():
+            raise SearchError(f"--ckpt {a.ckpt} not found: give a search-heads checkpoint (`make stage3` writes "
+                              "outputs/vgbert/search_tiny/checkpoints/last.ckpt).")
+        if not Path(a.images).expanduser().is_dir():
+            raise SearchError(f"--images {a.images} is not a folder: give the folder of images to search.")
+        qpath = Path(a.query_image).expanduser().resolve() if a.query_image else None
+        if qpath is not None and not qpath.is_file():
+            raise SearchError(f"--query-image {qpath} not found: give an image file.")
         searcher = Searcher(a.ckpt, a.device)
         paths, feats = searcher.index(a.images, a.index, a.batch_size)
         q_img = q_txt = None
         exclude = None
-        if a.query_image:
-            qpath = Path(a.query_image).resolve()
-            if not qpath.is_file():
-                raise SearchError(f"--query-image {qpath} not found.")
+        if qpath is not None:
             q_img = searcher.encode_images([qpath])[0]
             if not a.keep_query and qpath in paths:
                 exclude = paths.index(qpath)
@@ -203,8 +210,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
             result["grid"] = {al: [str(p) for p in ps] for al, ps, _ in rows}
         return result
     except SearchError as e:
-        sys.exit(f"error: {e}")
+        print(f"python -m grounding.vgbert.search: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors_exit("python -m grounding.vgbert.search"):
+        main()

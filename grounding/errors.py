@@ -1,0 +1,72 @@
+"""The suite's user-input errors and how its commands report them.
+
+Every error about what a user gave (a data file or folder, a config value, a checkpoint, missing weights, a
+caption file, a query image) derives from :class:`UserInputError`, whatever else it is (``FileNotFoundError``,
+``ValueError``). The command-line entry points run inside :func:`user_errors_exit`: such an error prints its
+message alone (it names the file, what was expected and the fix) and exits with status 2; ``GROUNDING_DEBUG=1``
+shows the traceback instead. Anything else is a bug and keeps its traceback.
+
+:func:`offline_hub_by_default` makes the entry points offline unless the user says otherwise
+(``HF_HUB_OFFLINE=0``): nothing here is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+EXIT_BAD_INPUT = 2
+DEBUG_ENV = "GROUNDING_DEBUG"
+
+
+class UserInputError(Exception):
+    """Something the user gave is missing or wrong; the message says which file or value, what was expected and
+    how to fix it. Commands print it alone and exit 2."""
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def find_user_error(error: BaseException | None) -> UserInputError | None:
+    """``error`` or the first :class:`UserInputError` it was raised from (libraries such as jsonargparse and
+    Lightning re-raise an instantiation error as their own)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserInputError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def one_line(error: BaseException) -> str:
+    """The message as printed: the error's own text (its lines kept: Expected / Fix)."""
+    return str(error).strip() or type(error).__name__
+
+
+@contextlib.contextmanager
+def user_errors_exit(prog: str):
+    """Run a command: a :class:`UserInputError` (also one wrapped by a library) prints ``<prog>: error: <message>``
+    to stderr and exits 2 (``GROUNDING_DEBUG=1``: re-raised with its traceback)."""
+    try:
+        yield
+    except Exception as e:  # KeyboardInterrupt and SystemExit pass through
+        found = find_user_error(e)
+        if found is None or debug_enabled():
+            raise
+        print(f"{prog}: error: {one_line(found)}", file=sys.stderr)
+        if not os.environ.get(DEBUG_ENV):
+            print(f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def offline_hub_by_default() -> None:
+    """``HF_HUB_OFFLINE=1`` unless the user set it (call before transformers / huggingface_hub are imported: they
+    read it once). ``HF_HUB_OFFLINE=0`` lets a command fetch weights it lacks."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class MissingInputError(UserInputError, FileNotFoundError):
+    """A file or folder the user named (or a previous step should have written) does not exist."""

@@ -1,0 +1,198 @@
+"""Bad input gets one clear message (the file or value, what was expected, the fix), exit status 2, and nothing
+already written changes: a matrix over the suite's commands, run in-process as their entry points run them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+# imported at collection, not under a test's capture: Lightning binds its log handler to the stderr of the moment
+from grounding.cli import main as grounding_main
+from grounding.errors import user_errors_exit
+from grounding.paths import EXPERIMENTS_DIR
+
+TINY_NET = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "visual_heads": 4}
+TRAINER = {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
+           "max_epochs": 1, "limit_train_batches": 1, "limit_val_batches": 1}
+
+
+def _entry(module: str):
+    """The command's main and its program name, as ``python -m <module>`` runs it."""
+    import importlib
+
+    if module == "grounding":
+        return grounding_main, "python -m grounding"
+    mod = importlib.import_module(module)
+    return getattr(mod, "main", None) or importlib.import_module(f"{module}.__main__").main, f"python -m {module}"
+
+
+def run_entry(module: str, argv: list[str], capsys) -> tuple[int, str]:
+    """Exit status and stderr of ``python -m <module> <argv>``."""
+    main, prog = _entry(module)
+    capsys.readouterr()
+    code = 0
+    handlers = list(logging.root.handlers)  # a command's logging.basicConfig must not outlive this capture
+    argv0 = sys.argv
+    sys.argv = [prog]  # as the command line holds it (LightningCLI warns about pytest's own arguments)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), user_errors_exit(prog):
+            result = main(argv)
+            code = result if isinstance(result, int) else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        logging.root.handlers[:] = handlers
+        sys.argv = argv0
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_world, tmp_path_factory):
+    """Broken copies of the tiny world's files and tiny stage configs pointing at them."""
+    d = tmp_path_factory.mktemp("bad")
+    world = tiny_world
+    # Flickr layouts: a non-UTF-8 token file, a malformed token line, no split lists
+    for name in ("latin1", "malformed", "nolists"):
+        shutil.copytree(world / "flickr", d / name, ignore=shutil.ignore_patterns("dataset_flickr30k.json"))
+    token = (world / "flickr" / "Flickr8k.token.txt").read_bytes()
+    (d / "latin1" / "Flickr8k.token.txt").write_bytes(token.replace(b"ball", "bäll".encode("latin-1"), 1))
+    lines = token.decode().splitlines()
+    (d / "malformed" / "Flickr8k.token.txt").write_text("\n".join([*lines[:3], "no tab or hash here", *lines[3:]]))
+    for p in (d / "nolists").glob("Flickr_8k.*Images.txt"):
+        p.unlink()
+    # COCO: every training image corrupt; an empty root
+    shutil.copytree(world / "coco", d / "corrupt_coco")
+    for p in (d / "corrupt_coco" / "train2017").iterdir():
+        p.write_bytes(b"not a jpeg")
+    (d / "empty").mkdir()
+    (d / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
+
+    def stage(name: str, base: str, data: dict, model: dict | None = None) -> Path:
+        path = d / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "base": str(EXPERIMENTS_DIR / base),
+            "model": {"init_args": {"net": {"init_args": TINY_NET}, **(model or {})}},
+            "data": data, "trainer": TRAINER}))
+        return path
+
+    coco = {"init_args": {"root": str(world / "coco"), "batch_size": 8, "eval_batch_size": 8}}
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "batch_size": 8, "eval_batch_size": 8}}
+    return {"dir": d, "world": world,
+            "stage1": stage("stage1", "vgbert/stage1_tiny.yaml", coco),
+            "stage1_flickr": stage("stage1_flickr", "vgbert/stage1_tiny.yaml", flickr),
+            "stage2": stage("stage2", "vgbert/stage2_tiny.yaml",
+                            {"init_args": {"root": str(world / "visual_genome"), "batch_size": 8}})}
+
+
+@pytest.fixture()
+def earlier(tmp_path):
+    """A run folder holding an earlier run's files, and a check that they are byte-for-byte unchanged."""
+    root = tmp_path / "earlier_run"
+    files = {"config.yaml": b"{}\n", "checkpoints/last.ckpt": b"earlier weights", "fit_record.json": b"{\"seconds\": 1}",
+             "metrics.test.json": b"{\"test/rsum\": 1.0}", "reports/table.md": b"| earlier |"}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+    def unchanged() -> bool:
+        now = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        return now == files
+
+    return root, unchanged
+
+
+def _cases(i):
+    d, world = i["dir"], i["world"]
+    s1, s1f, s2 = (str(i[k]) for k in ("stage1", "stage1_flickr", "stage2"))
+    g = "grounding"
+    return [
+        # (id, module, argv, text the message must name, a word of the fix)
+        ("root_missing", g, ["fit", "--config", s1, "--data.init_args.root", str(d / "nope")], str(d / "nope"), "Fix:"),
+        ("coco_annotations_missing", g, ["fit", "--config", s1, "--data.init_args.root", str(d / "empty")],
+         "captions_train2017.json", "Fix:"),
+        ("flickr_split_lists_missing", g, ["fit", "--config", s1f, "--data.init_args.root", str(d / "nolists")],
+         "Flickr_8k.trainImages.txt", "split_files"),
+        ("flickr_captions_file_missing", g, ["fit", "--config", s1f, "--data.init_args.captions_file", "none.token"],
+         "none.token", "Fix:"),
+        ("flickr_not_utf8", g, ["fit", "--config", s1f, "--data.init_args.root", str(d / "latin1")],
+         "Flickr8k.token.txt:1", "UTF-8"),
+        ("flickr_malformed_line", g, ["fit", "--config", s1f, "--data.init_args.root", str(d / "malformed")],
+         "Flickr8k.token.txt:4", "Expected"),
+        ("corrupt_images", g, ["fit", "--config", s1, "--data.init_args.root", str(d / "corrupt_coco")],
+         "corrupt_coco", "image"),
+        ("init_from_missing", g, ["fit", "--config", s2, "--model.init_args.init_from", str(d / "none.ckpt")],
+         str(d / "none.ckpt"), "train the stage"),
+        ("init_from_not_a_checkpoint", g, ["fit", "--config", s2, "--model.init_args.init_from", str(d / "garbage.ckpt")],
+         str(d / "garbage.ckpt"), "checkpoint"),
+        ("ckpt_path_missing", g, ["test", "--config", s1, "--ckpt_path", str(d / "none.ckpt")], str(d / "none.ckpt"),
+         "last"),
+        ("ckpt_path_last_without_run", g, ["test", "--config", s1, "--ckpt_path", "last", "--trainer.default_root_dir",
+                                           str(d / "empty")], "last.ckpt", "train it"),
+        ("ckpt_path_not_a_checkpoint", g, ["test", "--config", s1, "--ckpt_path", str(d / "garbage.ckpt")],
+         str(d / "garbage.ckpt"), "Fix:"),
+        ("option_typo", g, ["fit", "--config", s1, "--trainer.max_epoch", "1"], "--trainer.max_epoch", "--help"),
+        ("config_missing", g, ["fit", "--config", str(d / "none.yaml")], "none.yaml", ""),
+        ("text_encoder_weights_missing", g,
+         ["fit", "--config", s1, "--model.init_args.net.init_args.text_encoder", "bert-base-uncased"],
+         "bert-base-uncased", "HF_HUB_OFFLINE"),
+        ("world_meta_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "composer" / "composer_world.yaml"),
+                                   "--data.init_args.world_meta", str(d / "none.json")], str(d / "none.json"), "make world"),
+        ("ste_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k.yaml"),
+                            "--data.init_args.ste", str(d / "no_ste")], str(d / "no_ste"), "train"),
+        ("vlm_checkpoint_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k.yaml"),
+                                       "--data.init_args.vlm", f"suite:{d / 'none.ckpt'}"], str(d / "none.ckpt"), ""),
+        ("semclip_report_ste_missing", "grounding.semclip", ["report", "--ste", str(d / "no_ste"), "--out", str(d / "r")],
+         str(d / "no_ste"), "make ste"),
+        ("search_query_image_missing", "grounding.vgbert.search",
+         ["--ckpt", str(d / "garbage.ckpt"), "--images", str(world / "images"), "--query-image", str(d / "none.jpg")],
+         str(d / "none.jpg"), "image file"),
+        ("search_checkpoint_missing", "grounding.vgbert.search",
+         ["--ckpt", str(d / "none.ckpt"), "--images", str(world / "images"), "--query-text", "a ball"],
+         str(d / "none.ckpt"), "make stage3"),
+        ("crg_captions_missing", "grounding.composer", ["crg", "--captions", str(d / "none.txt"), "--out", str(d / "crg")],
+         str(d / "none.txt"), ""),
+        ("leaderboard_config_missing", "grounding.leaderboard", ["--config", str(d / "none.yaml")], "none.yaml",
+         "experiments/leaderboard"),
+    ]
+
+
+CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "stage1": "", "stage1_flickr": "", "stage2": ""})]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_bad_input_is_one_message_exit_2_and_loses_nothing(case, inputs, earlier, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("GROUNDING_DEBUG", raising=False)
+    _, module, argv, names, fix = next(c for c in _cases(inputs) if c[0] == case)
+    root, unchanged = earlier
+    if module == "grounding" and "--trainer.default_root_dir" not in argv:
+        argv = [*argv, "--trainer.default_root_dir", str(root)]
+    code, err = run_entry(module, argv, capsys)
+    assert code == 2, err
+    assert names in err and fix in err, err
+    assert "Traceback" not in err
+    assert unchanged(), "an earlier run's file changed"
+
+
+def test_debug_env_shows_the_traceback(inputs, capsys, monkeypatch):
+    monkeypatch.setenv("GROUNDING_DEBUG", "1")
+    with pytest.raises(Exception, match="none.ckpt"):
+        with user_errors_exit("python -m grounding"):
+            grounding_main(["fit", "--config", str(inputs["stage2"]), "--model.init_args.init_from", str(inputs["dir"] / "none.ckpt")])
+
+
+def test_metrics_file_is_json(tmp_path):
+    from grounding.run_folder import write_run_metrics
+
+    path = write_run_metrics(tmp_path, "test", {"b": 2.0, "a": 1})
+    assert json.loads(path.read_text()) == {"a": 1, "b": 2.0}

@@ -1,0 +1,294 @@
+"""Feature cache robustness: damaged caches refused and rebuilt, temporaries of killed builds removed
+(builds still running kept), progress printed while building."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grounding import feature_cache as fcache
+from grounding.encoders import load_visual_backbone
+from grounding.utils.io import atomic_path
+
+
+class Images:
+    """Five tiny 'images' (files that exist, so they have sizes and mtimes) and their pixels."""
+
+    def __init__(self, folder, n=5):
+        self.image_paths = []
+        for i in range(n):
+            p = folder / f"img{i}.bin"
+            p.write_bytes(bytes([i]))
+            self.image_paths.append(p)
+        self.transform = "deterministic"
+
+    def load_image(self, index):
+        g = torch.Generator().manual_seed(int(index))
+        return torch.randn(3, 32, 32, generator=g)
+
+
+@pytest.fixture
+def world(tmp_path):
+    torch.manual_seed(0)
+    return load_visual_backbone("tiny_cnn", weights=None), Images(tmp_path), tmp_path / "cache"
+
+
+def build(backbone, ds, root, **kw):
+    return fcache.build_or_load(backbone, ds, root, batch_size=2, **kw)
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == fcache.__name__ and r.levelno == logging.WARNING]
+
+
+def test_format_size_hand_computed():
+    assert fcache.format_size(812) == "812 B"
+    assert fcache.format_size(1234) == "1.2 kB"
+    assert fcache.format_size(1_200_000_000) == "1.2 GB"
+    assert fcache.format_size(3.4e9) == "3.4 GB"
+
+
+# ------------------------------------------------------------------------------ damaged caches
+def test_truncated_cache_refused_by_open_cache_and_rebuilt(world, caplog, capsys):
+    backbone, ds, root = world
+    path = build(backbone, ds, root).path
+    fresh = np.array(fcache.open_cache(path))
+    data = path / "features.npy"
+    full = data.stat().st_size
+    assert full == 128 + 2 * math.prod(fresh.shape)  # .npy 1.0 header (128 bytes) + float16 values
+    os.truncate(data, full // 2)  # a copy or a disk that stopped half way
+    expected_problem = (f"truncated: features.npy holds {fcache.format_size(full // 2)} of "
+                        f"{fcache.format_size(full)} expected")
+    assert fcache.cache_problem(path) == expected_problem
+
+    # Opened directly: one error naming the folder, the problem and the fix (not numpy's mmap message).
+    with pytest.raises(fcache.FeatureCacheError) as err:
+        fcache.open_cache(path)
+    assert str(err.value) == (f"feature cache {path} cannot be used ({expected_problem}); rerun the command to rebuild "
+                              "it (a damaged cache is replaced automatically) or delete the folder.")
+    with pytest.raises(fcache.FeatureCacheError, match="truncated"):
+        build(backbone, ds, root, build=False)  # a non-building DDP rank refuses it too
+
+    # Through build_or_load: one warning, then the same folder rebuilt with the same values.
+    capsys.readouterr()
+    caplog.set_level(logging.WARNING, logger=fcache.__name__)
+    again = build(backbone, ds, root)
+    assert warnings_of(caplog) == [f"feature cache {path} is damaged ({expected_problem}); removing it and rebuilding"]
+    assert "building feature cache" in capsys.readouterr().err
+    assert again.path == path and data.stat().st_size == full
+    assert np.array_equal(np.array(again.array), fresh)
+    caplog.clear()
+    assert build(backbone, ds, root).path == path and warnings_of(caplog) == []  # sound now: reused quietly
+
+
+def corrupt_magic(path):
+    with open(path / "features.npy", "r+b") as f:
+        f.write(b"\x00NOPE!")
+
+
+def corrupt_header_dict(path):
+    raw = (path / "features.npy").read_bytes()
+    (path / "features.npy").write_bytes(raw.replace(b"'shape'", b"'shap\x01'", 1))
+
+
+def header_says_float32(path):
+    raw = (path / "features.npy").read_bytes()
+    (path / "features.npy").write_bytes(raw.replace(b"'<f2'", b"'<f4'", 1))
+
+
+def header_says_fewer_images(path):
+    raw = (path / "features.npy").read_bytes()
+    (path / "features.npy").write_bytes(raw.replace(b"'shape': (5,", b"'shape': (4,", 1))
+
+
+def meta_garbled(path):
+    (path / "meta.json").write_text('{"complete": tr')
+
+
+def meta_other_key(path):
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "key": "0" * 40}))
+
+
+@pytest.mark.parametrize("corrupt, problem", [
+    (corrupt_magic, "features.npy header unreadable"),
+    (corrupt_header_dict, "features.npy header unreadable"),
+    (header_says_float32, "truncated: features.npy holds"),  # the header promises twice the bytes
+    (header_says_fewer_images, "oversized: features.npy holds"),
+    (meta_garbled, "meta.json unreadable"),
+    (meta_other_key, "inconsistent: built for key 0000"),
+])
+def test_damaged_cache_rebuilt_with_a_message(world, caplog, corrupt, problem):
+    backbone, ds, root = world
+    path = build(backbone, ds, root).path
+    fresh = np.array(fcache.open_cache(path))
+    corrupt(path)
+    caplog.set_level(logging.WARNING, logger=fcache.__name__)
+    again = build(backbone, ds, root)
+    (message,) = warnings_of(caplog)
+    assert message.startswith(f"feature cache {path} is damaged ({problem}") and message.endswith("rebuilding")
+    assert again.path == path and fcache.cache_problem(path) is None
+    assert np.array_equal(np.array(again.array), fresh)
+
+
+def test_open_cache_inconsistent_meta_names_folder(world):
+    backbone, ds, root = world
+    path = build(backbone, ds, root).path
+    shape = list(fcache.open_cache(path).shape)
+    (path / "meta.json").write_text(json.dumps({"complete": True, "shape": [4, *shape[1:]], "dtype": "float16"}))
+    with pytest.raises(ValueError) as err:  # FeatureCacheError is a ValueError
+        fcache.open_cache(path)
+    assert str(err.value).startswith(f"feature cache {path} cannot be used (inconsistent: meta.json records shape "
+                                     f"[4, {', '.join(map(str, shape[1:]))}] float16, features.npy holds {shape} float16); ")
+
+
+# ------------------------------------------------------------------------------ temporaries of killed builds
+class Abort(Exception):
+    pass
+
+
+def atomic_temp_name(target) -> str:
+    """The temporary name grounding.utils.io.atomic_path gives a folder being built at ``target``."""
+    try:
+        with atomic_path(target) as tmp:
+            raise Abort
+    except Abort:
+        return tmp.name
+
+
+def temp_folder(root, final_name, owner=None, age_s=0.0, size=1000):
+    """A temporary build folder named like atomic_path's (``.<name>.<random>.tmp``) with ``size`` bytes of features."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final_name}.", suffix=".tmp", dir=root))
+    (tmp / "features.npy").write_bytes(b"\x00" * size)
+    if owner is not None:
+        (tmp / fcache.OWNER_FILE).write_text(json.dumps(owner))
+    if age_s:
+        past = time.time() - age_s
+        for p in (*tmp.iterdir(), tmp):
+            os.utime(p, (past, past))
+    return tmp
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # reaped: no process has this pid now
+    return proc.pid
+
+
+def test_stale_temporaries_removed_live_ones_kept(world, caplog):
+    backbone, ds, root = world
+    root.mkdir()
+    me = fcache.owner_record()
+    name = "tiny_cnn-0123456789abcdef"  # any cache folder of this root, not only the one being built
+    assert fcache.TEMP_NAME.match(atomic_temp_name(root / name))  # the pattern is atomic_path's
+    hours = 3600.0
+    stale = {
+        "dead": temp_folder(root, name, {**me, "pid": (dead := dead_pid())}),
+        "beyond_pid_max": temp_folder(root, name, {**me, "pid": 2**22 + 1}, size=2500),  # Linux's PID_MAX_LIMIT + 1
+        "orphan": temp_folder(root, name, None, age_s=7 * hours),  # no owner file (an older build), 7 h old
+        "other_host_old": temp_folder(root, name, {**me, "host": "elsewhere"}, age_s=7 * hours),
+    }
+    live = {
+        "me": temp_folder(root, name, me),  # a concurrent build of this process: never touched
+        "fresh_orphan": temp_folder(root, name, None, age_s=1 * hours),
+        "other_host_fresh": temp_folder(root, name, {**me, "host": "elsewhere"}, age_s=1 * hours),
+    }
+    if me["pid_start"] is not None:  # Linux: a pid reused by a later process is told apart by its start time
+        stale["reused_pid"] = temp_folder(root, name, {**me, "pid_start": me["pid_start"] + 1})
+    unrelated = [root / ".notes", root / ".something.abcdefgh.tmp", root / "tiny_cnn-fedcba9876543210"]
+    for p in unrelated:
+        p.mkdir()
+        os.utime(p, (time.time() - 9 * hours,) * 2)
+
+    sizes = {k: fcache.format_size(fcache.folder_size(p)) for k, p in stale.items()}  # on disk: whole blocks
+    assert fcache.folder_size(stale["beyond_pid_max"]) >= 2500 + len(json.dumps(me))
+
+    caplog.set_level(logging.WARNING, logger=fcache.__name__)
+    loader = build(backbone, ds, root)
+    assert not any(p.exists() for p in stale.values())
+    assert all(p.is_dir() for p in (*live.values(), *unrelated))
+    messages = warnings_of(caplog)
+    assert len(messages) == len(stale)  # one line per removed folder
+    removed = "feature cache: removed the abandoned build folder"
+    assert f"{removed} {stale['dead']} ({sizes['dead']} on disk; its build, pid {dead} is gone)" in messages
+    assert f"{removed} {stale['beyond_pid_max']} ({sizes['beyond_pid_max']} on disk; its build, pid {2**22 + 1} is gone)" \
+        in messages
+    assert f"{removed} {stale['orphan']} ({sizes['orphan']} on disk; no owner file, untouched for 7.0 h)" in messages
+    assert f"{removed} {stale['other_host_old']} ({sizes['other_host_old']} on disk; owner on host elsewhere, untouched " \
+        "for 7.0 h)" in messages
+    assert fcache.cache_problem(loader.path) is None and not (loader.path / fcache.OWNER_FILE).exists()
+
+
+class SweepingBackbone(torch.nn.Module):
+    """A backbone that, mid-build, looks at its own temporary folder and sweeps the root as a second process would."""
+
+    name = "sweeper"
+
+    def __init__(self, inner, root):
+        super().__init__()
+        self.inner, self.root, self.seen = inner, root, []
+
+    def forward(self, x):
+        temps = [p for p in self.root.iterdir() if fcache.TEMP_NAME.match(p.name)]
+        self.seen.append(([json.loads((p / fcache.OWNER_FILE).read_text()) for p in temps],
+                          fcache.remove_stale_temporaries(self.root)))
+        return self.inner(x)
+
+
+def test_running_build_owns_its_temporary_and_survives_a_sweep(world):
+    backbone, ds, root = world
+    sweeper = SweepingBackbone(backbone, root)
+    loader = build(sweeper, ds, root)
+    assert len(sweeper.seen) == 3  # 5 images in batches of 2
+    for owners, removed in sweeper.seen:
+        assert [(o["pid"], o["host"]) for o in owners] == [(os.getpid(), fcache.owner_record()["host"])]
+        assert removed == []
+    assert sorted(p.name for p in loader.path.iterdir()) == ["features.npy", "meta.json"]
+    assert not any(fcache.TEMP_NAME.match(p.name) for p in root.iterdir())
+
+
+# ------------------------------------------------------------------------------ progress
+def test_progress_lines_while_building(world, capsys):
+    backbone, ds, root = world
+    capsys.readouterr()
+    loader = build(backbone, ds, root)
+    lines = capsys.readouterr().err.splitlines()
+    size = fcache.format_size((loader.path / "features.npy").stat().st_size)
+    assert lines[0] == f"building feature cache {loader.path}: 5 images with tiny_cnn on cpu"
+    # batches of 2 -> 2/5 (40 %) and 4/5 (80 %) pass a new tenth; 5/5 is the end line
+    assert [ln.split(",")[0] for ln in lines[1:3]] == ["  feature cache: 2/5 images (40 %)", "  feature cache: 4/5 images (80 %)"]
+    assert lines[3].startswith(f"feature cache {loader.path} built: 5 images, {size} in ") and lines[3].endswith(" s")
+    assert len(lines) == 4
+    build(backbone, ds, root)
+    assert capsys.readouterr().err == ""  # reusing a sound cache prints nothing
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path):
+    plain, term = io.StringIO(), Terminal()
+    for stream in (plain, term):
+        progress = fcache.BuildProgress(tmp_path / "c", 20, "cnn", "cpu", stream=stream)
+        for _ in range(10):
+            progress.update(2)
+        progress.close(4096)
+    plain_lines = plain.getvalue().splitlines()
+    assert [ln.split(" (")[0] for ln in plain_lines[1:-1]] == [f"  feature cache: {k}/20 images" for k in range(2, 20, 2)]
+    assert plain_lines[-1].startswith(f"feature cache {tmp_path / 'c'} built: 20 images, 4.1 kB in ")
+    out = term.getvalue()
+    assert "feature cache:   0%|" in out and "/20 images (" not in out  # the tqdm bar instead of lines
+    assert out.startswith(f"building feature cache {tmp_path / 'c'}: 20 images with cnn on cpu\n")

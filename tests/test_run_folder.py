@@ -1,0 +1,107 @@
+"""A run folder is owned by one run (grounding/run_folder.py): lock, refusal of another config, test beside fit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from grounding.run_folder import RunFolderError, RunLock, check_fit_target, config_differences
+
+
+def test_config_differences_count_only_values_both_configs_set():
+    old = {"model": {"init_args": {"lr": 1e-3, "dropout": 0.1}}, "ckpt_path": None, "trainer": {"max_epochs": 2}}
+    new = {"model": {"init_args": {"lr": 1e-4, "dropout": 0.1, "added_since": 3}}, "ckpt_path": "last",
+           "trainer": {"max_epochs": 2}, "overwrite": True}
+    assert config_differences(old, new) == ["model.init_args.lr"]
+    assert config_differences(old, old) == []
+
+
+def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"lr": 1}}))
+    check_fit_target(tmp_path, {"model": {"lr": 1}}, resuming=False, overwrite=False)  # same config: a rerun
+    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=False)  # no checkpoints: nothing lost
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(RunFolderError, match=r"model\.lr.*--trainer.default_root_dir.*--ckpt_path last.*--overwrite"):
+        check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=False)
+    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=True, overwrite=False)
+    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=True)
+
+
+def test_lock_refuses_a_live_owner_and_takes_over_a_dead_ones(tmp_path, capsys):
+    lock = RunLock(tmp_path).acquire()
+    owner = json.loads((tmp_path / ".lock").read_text())
+    assert owner["pid"] == os.getpid() and lock.held
+    # a second process cannot take the folder while this one holds it
+    probe = subprocess.run([sys.executable, "-c", "import sys; from grounding.run_folder import RunLock\n"
+                            f"RunLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True)
+    assert probe.returncode != 0 and "is in use by another run (pid" in probe.stderr
+    lock.release()
+    assert not (tmp_path / ".lock").exists()
+    # a lock left by a killed run (its pid is gone) is taken over, with a line saying so
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({**owner, "pid": dead.pid, "pid_start": None}))
+    RunLock(tmp_path).acquire().release()
+    assert "the run that held it is gone" in capsys.readouterr().err
+
+
+def _stage1(tmp_path, tiny_world, root):
+    from grounding.paths import EXPERIMENTS_DIR
+
+    config = tmp_path / "stage1.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": str(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"),
+        "model": {"init_args": {"net": {"init_args": {"text_encoder": "tiny-random", "backbone": "tiny_cnn",
+                                                      "backbone_weights": None, "visual_heads": 4}}}},
+        "data": {"init_args": {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8}},
+        "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
+                    "max_epochs": 1, "limit_train_batches": 1, "limit_val_batches": 1, "limit_test_batches": 1,
+                    "default_root_dir": str(root)}}))
+    return config
+
+
+def test_cli_run_folder_owned_by_one_run(tiny_world, tmp_path, monkeypatch):
+    """A concurrent fit is refused; a fit of another config into a run's folder is refused (files untouched) unless
+    --overwrite; test writes config.test.yaml and metrics.test.json beside the fit's config.yaml."""
+    from grounding.cli import main
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    config = _stage1(tmp_path, tiny_world, root)
+
+    def run(*args):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return main([args[0], "--config", str(config), *args[1:]])
+
+    run("fit")
+    fit_config = (root / "config.yaml").read_bytes()
+    last = (root / "checkpoints" / "last.ckpt").read_bytes()
+    assert not (root / ".lock").exists()  # released when the fit ended
+
+    with pytest.raises(RunFolderError, match="optimizer.init_args.lr"):
+        run("fit", "--model.init_args.optimizer.init_args.lr=0.5")
+    assert (root / "config.yaml").read_bytes() == fit_config and (root / "checkpoints" / "last.ckpt").read_bytes() == last
+
+    held = RunLock(root).acquire()  # another run (here: this test) owns the folder
+    try:
+        with pytest.raises(RunFolderError, match="is in use by another run"):
+            run("fit")
+    finally:
+        held.release()
+
+    run("test", "--ckpt_path=last")
+    assert (root / "config.yaml").read_bytes() == fit_config  # never over the fit's
+    assert yaml.safe_load((root / "config.test.yaml").read_text())["ckpt_path"].endswith("last.ckpt")
+    metrics = json.loads((root / "metrics.test.json").read_text())
+    assert "test/rsum" in metrics and isinstance(metrics["test/rsum"], float)
+
+    run("fit", "--model.init_args.optimizer.init_args.lr=0.5", "--overwrite=true")
+    assert yaml.safe_load((root / "config.yaml").read_text())["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.5
