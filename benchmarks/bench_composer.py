@@ -23,7 +23,7 @@ from grounding.paths import shared_data_dir  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--captions", default=str(shared_data_dir() / "flickr8k" / "Flickr8k.token.txt"))
     ap.add_argument("--subset", type=int, default=2000, help="captions to time (0 = all)")
     ap.add_argument("--backends", nargs="+", default=["spacy", "link-grammar"])

@@ -30,7 +30,7 @@ from grounding.paths import resolve_path
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="data/world", help="embedded world (generated if missing)")
     ap.add_argument("--captions", type=int, default=32)
     ap.add_argument("--images", type=int, default=8)

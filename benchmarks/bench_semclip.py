@@ -114,7 +114,7 @@ def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--lists", default="data/semclip/similarity_lists_wordnet.npz")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--skip-wup", action="store_true")

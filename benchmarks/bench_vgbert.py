@@ -106,7 +106,7 @@ def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=48)
     p.add_argument("--captions", type=int, default=240)
     p.add_argument("--locations", type=int, default=49)

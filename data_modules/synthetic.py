@@ -974,7 +974,7 @@ def format_summary(s: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(allow_abbrev=False,
         prog="python -m data_modules.synthetic",
         description="Generate the embedded world: captioned scenes with scene graphs in the COCO 2017 + Karpathy, "
                     "Flickr8k/30k and Visual Genome v1.4 layouts. Deterministic for a given seed.")

@@ -410,7 +410,7 @@ class CleanedVGLabelMapping:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m data_modules.vg_cleaning", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m data_modules.vg_cleaning", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, help="Visual Genome folder holding relationships.json")
     p.add_argument("--out", required=True, help="output JSON (a FILE.split.json is written beside it)")
     p.add_argument("--min-predicate-count", type=int, default=250,

@@ -77,7 +77,7 @@ def run_name(params: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="a wandb sweep YAML (method: grid)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--config", help="replace the stage config named after --config in the command")

@@ -61,7 +61,7 @@ def _command_section(command: str, text: str):
 
 
 def _subparser(command: str, config: bool) -> ArgumentParser:
-    p = ArgumentParser(prog=f"{PROG} {command}", exit_on_error=False, formatter_class=_HelpFormatter)
+    p = ArgumentParser(allow_abbrev=False, prog=f"{PROG} {command}", exit_on_error=False, formatter_class=_HelpFormatter)
     if config:
         p.add_argument("--config", action=ActionConfigFile,
                        help="YAML file with option values (experiments/composer/*.yaml), options under the command's "
@@ -93,7 +93,7 @@ def _common(p: ArgumentParser):
 
 
 def build_argparser() -> ArgumentParser:
-    ap = ArgumentParser(prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter)
+    ap = ArgumentParser(allow_abbrev=False, prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter)
     sub = ap.add_subcommands(dest="command", required=True)
     crg = _subparser("crg", config=True)
     _caption_args(crg, "captions", "caption file")

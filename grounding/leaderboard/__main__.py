@@ -16,7 +16,7 @@ from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderb
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m grounding.leaderboard", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m grounding.leaderboard", description=__doc__.split("\n\n")[1])
     p.add_argument("--config", default="experiments/leaderboard/world.yaml", help="a leaderboard YAML")
     p.add_argument("--out", help="output folder (default: the YAML's out)")
     p.add_argument("--ckpt", action="append", default=[], metavar="NAME=PATH",

@@ -56,7 +56,7 @@ def _report_section(text: str):
 
 def build_parser() -> ArgumentParser:
     set_loader(PARSER_MODE, _report_section, (yaml.YAMLError,))
-    p = ArgumentParser(prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter,
+    p = ArgumentParser(allow_abbrev=False, prog=PROG, description=__doc__, exit_on_error=False, formatter_class=_HelpFormatter,
                        parser_mode=PARSER_MODE)
     p.add_argument("--config", action=ActionConfigFile, help="YAML report config (see experiments/semantic_space/)")
     p.add_argument("--models", type=Union[str, dict], nargs="+", default=DEFAULTS["models"],

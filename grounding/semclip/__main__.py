@@ -136,7 +136,7 @@ def _subcommand(subcommands, name: str, help: str) -> ArgumentParser:
 
 
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m grounding.semclip", description=__doc__, exit_on_error=False,
+    p = ArgumentParser(allow_abbrev=False, prog="python -m grounding.semclip", description=__doc__, exit_on_error=False,
                        formatter_class=_HelpFormatter)
     sub = p.add_subcommands(dest="command")
     b = _subcommand(sub, "build-lists", "build the WordNet noun similarity lists (§3) into one .npz")

@@ -152,7 +152,7 @@ def write_grid(out: str | Path, rows: list[tuple[float, list[Path], list[float]]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m grounding.vgbert.search", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m grounding.vgbert.search", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="a SearchHeads checkpoint (experiments/vgbert/search_*.yaml)")
     p.add_argument("--images", required=True, help="folder of images to search (indexed recursively)")
     p.add_argument("--query-image", help="image query Q_I")
