@@ -116,7 +116,9 @@ world: install  ## generate the embedded world (WORLD, WORLD_IMAGES, WORLD_SIZE,
 
 DEMO_STEPS := world stage1 baseline stage2 stage3 demo-evaluate demo-composer demo-semclip
 # The baseline is a comparison, not a link of the chain: the demo gives it 3 epochs to stay in 15 min.
-demo: export BASELINE_ARGS = --trainer.max_epochs 3
+# The demo's shorter schedules (baseline 3 epochs, COMPOSER 8) replace a full-length run in the same folder
+# (--overwrite true: the run folder would refuse another config otherwise; docs/configs.md).
+demo: export BASELINE_ARGS = --trainer.max_epochs 3 --overwrite true
 
 demo: install  ## generate the embedded world and run every stage on it at tiny scale (< 15 min on 2 cores)
 	@start=$$(date +%s); for step in $(DEMO_STEPS); do \
@@ -203,7 +205,8 @@ composer: install  ## COMPOSER: train on the embedded world, then test (sentence
 	$(CLI) test --config $(COMPOSER_CONFIG) --trainer.default_root_dir $(COMPOSER_OUT) \
 	  --ckpt_path $(COMPOSER_OUT)/checkpoints/last.ckpt $(COMPOSER_TEST_ARGS)
 
-demo-composer: export COMPOSER_ARGS = --trainer.max_epochs 8 --trainer.check_val_every_n_epoch 8 --model.init_args.rerank_top_k 10
+demo-composer: export COMPOSER_ARGS = --trainer.max_epochs 8 --trainer.check_val_every_n_epoch 8 --model.init_args.rerank_top_k 10 \
+  --overwrite true
 demo-composer: export COMPOSER_TEST_ARGS = --model.init_args.rerank_top_k 10
 demo-composer: install  ## COMPOSER on the embedded world: its CRG, an MCD split, and the model at demo size (8 epochs, reranked eval)
 	$(call world_for,experiments/composer/crg_world.yaml experiments/composer/mcd_world.yaml)

@@ -66,42 +66,37 @@ def resolve_precision(precision, accelerator) -> str:
 
 
 class RunConfigCallback(SaveConfigCallback):
-    """The run's record beside its checkpoints (grounding.run_folder): ``config.yaml`` for fit,
-    ``config.<command>.yaml`` and ``metrics.<command>.json`` for test / validate / predict; atomic, rank 0."""
+    """The run's record in its folder (``trainer.default_root_dir``, where the checkpoints are, whatever the
+    logger; grounding.run_folder), atomic, rank 0: a fit's ``config.yaml`` comes with its first checkpoint, and
+    test / validate / predict write ``config.<command>.yaml`` and ``metrics.<command>.json`` together when they
+    end, so a run that fails part-way leaves the folder's earlier record as it was."""
 
-    log_dir: str | None = None
     stage: str = "fit"
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if self.already_saved:
-            return
-        # log_dir is a collective (every rank asks); stage arrives as a TrainerFn (a str enum)
-        self.log_dir, self.stage = trainer.log_dir, getattr(stage, "value", stage)
-        if stage != "fit":
-            self._write_config(trainer)
+        self.stage = getattr(stage, "value", stage)  # a TrainerFn (a str enum)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        # a fit's config.yaml comes with its first checkpoint: a fit that fails before (bad data, a corrupt image)
-        # leaves the folder's earlier run as it was
         if not self.already_saved:
-            self._write_config(trainer)
-
-    def _write_config(self, trainer) -> None:
-        if trainer.is_global_zero and self.log_dir is not None:
-            write_run_config(self.log_dir, self.stage, self.parser.dump(self.config, skip_none=False))
-        self.already_saved = True
-
-    def _write_metrics(self, trainer, command: str) -> None:
-        log_dir = trainer.log_dir
-        if trainer.is_global_zero and log_dir is not None:
-            write_run_metrics(log_dir, command, dict(trainer.callback_metrics))
+            self._write(trainer)
 
     def on_test_end(self, trainer, pl_module) -> None:
-        self._write_metrics(trainer, "test")
+        self._write(trainer, "test")
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "validate":
-            self._write_metrics(trainer, "validate")
+            self._write(trainer, "validate")
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        self._write(trainer)
+
+    def _write(self, trainer, metrics_of: str | None = None) -> None:
+        if trainer.is_global_zero:
+            root = trainer.default_root_dir
+            write_run_config(root, self.stage, self.parser.dump(self.config, skip_none=False))
+            if metrics_of is not None:
+                write_run_metrics(root, metrics_of, dict(trainer.callback_metrics))
+        self.already_saved = True
 
 
 class GroundingCLI(LightningCLI):
@@ -158,7 +153,7 @@ class GroundingCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        check_inputs_early(config)
+        check_inputs_early(config, self.subcommand)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
         # Loggers without a save_dir write beside the checkpoints, under the stage's default_root_dir.
@@ -168,22 +163,23 @@ class GroundingCLI(LightningCLI):
             if init_args is not None and "save_dir" in init_args and init_args.save_dir is None:
                 init_args.save_dir = trainer.default_root_dir or "outputs"
         # (after the settings above, so the config compared is the one config.yaml will hold)
-        if self.subcommand == "fit" and rank_zero_only.rank == 0 and not config.trainer.get("fast_dev_run"):
+        first_process = rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+        if self.subcommand == "fit" and first_process and not config.trainer.get("fast_dev_run"):
             # the run folder: refused when another run owns it (grounding/run_folder.py); DDP ranks > 0 skip this
             root = config.trainer.default_root_dir or "outputs"
-            dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True))
+            dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))
             check_fit_target(root, dumped.get("fit", dumped), config.get("ckpt_path") is not None,
                              bool(config.get("overwrite")))
             self.run_lock = RunLock(root).acquire()
 
 
-def check_inputs_early(config) -> None:
+def check_inputs_early(config, subcommand: str | None) -> None:
     """Inputs validated before any model is built (loading a text encoder takes 20-100 s): the model's
     ``init_from`` checkpoint exists, and the DataModule, built alone from the config, passes its own
     ``check_inputs()`` (roots, annotation and caption files, STE / VLM files). Raises the suite's
     :class:`~grounding.errors.UserInputError`; anything else is left to the normal run to report."""
     init_from = (config.model.get("init_args") or {}).get("init_from") if config.get("model") else None
-    if isinstance(init_from, str):
+    if isinstance(init_from, str) and subcommand == "fit" and config.get("ckpt_path") is None:  # read only then
         require_checkpoint_file(init_from, "init_from", "train the stage it starts from first (the README's `make` "
                                 "targets chain them), or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt)")
     if not config.get("data"):

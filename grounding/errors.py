@@ -30,20 +30,26 @@ def debug_enabled() -> bool:
 
 
 def find_user_error(error: BaseException | None) -> UserInputError | None:
-    """``error`` or the first :class:`UserInputError` it was raised from (libraries such as jsonargparse and
-    Lightning re-raise an instantiation error as their own)."""
+    """``error`` or the first :class:`UserInputError` it was explicitly raised from (``raise ... from``: how
+    jsonargparse re-raises an instantiation error). Not an error merely raised *while handling* one
+    (``__context__``): a bug in a fallback must keep its traceback."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, UserInputError):
             return error
         seen.add(id(error))
-        error = error.__cause__ or error.__context__
+        error = error.__cause__
     return None
 
 
 def one_line(error: BaseException) -> str:
-    """The message as printed: the error's own text (its lines kept: Expected / Fix)."""
-    return str(error).strip() or type(error).__name__
+    """The message as printed: the error's own text (its lines kept: Expected / Fix). An error re-raised from a
+    DataLoader worker carries the worker's traceback in its text; only the original message is kept."""
+    text = str(error).strip()
+    if "Original Traceback" in text:
+        marker = f"{type(error).__name__}: "
+        text = text.rsplit(marker, 1)[-1].strip() if marker in text else text
+    return text or type(error).__name__
 
 
 @contextlib.contextmanager

@@ -218,7 +218,10 @@ class EpochSummary(Callback):
     def __init__(self):
         self.lines = False  # this epoch is printed
         self.started = 0.0
-        self.previous: dict[str, object] = {}  # callback metrics at the last step: which ones each step renews
+        # the callback metrics' storages at the last step: which ones each step renews (callback_metrics gives new
+        # detached views at every read, so identity cannot tell; the kept references keep the pointers unique)
+        self.previous: dict[str, torch.Tensor] = {}
+        self.validated = False  # validation ran in this epoch (else the val/ values are an earlier epoch's)
         self.sums: dict[str, torch.Tensor] = {}
         self.renewed: dict[str, int] = {}
         self.steps = 0
@@ -232,14 +235,19 @@ class EpochSummary(Callback):
         self.lines = trainer.is_global_zero and (bar_off or not _stdout_is_terminal())
         self.started = time.perf_counter()
         self.previous = dict(trainer.callback_metrics) if self.lines else {}
-        self.sums, self.renewed, self.steps = {}, {}, 0
+        self.sums, self.renewed, self.steps, self.validated = {}, {}, 0, False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.validated = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.lines:
             return
         self.steps += 1
         for key, value in trainer.callback_metrics.items():  # here: this step's values of per-step metrics
-            if value is self.previous.get(key):
+            before = self.previous.get(key)
+            if isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.data_ptr() == before.data_ptr():
                 continue
             self.previous[key] = value
             if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -251,6 +259,8 @@ class EpochSummary(Callback):
         if not self.lines:
             return
         metrics = scalar_metrics(trainer.callback_metrics)
+        if not self.validated:  # no validation this epoch (check_val_every_n_epoch): no stale val/ values
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("val")}
         for key in metrics:  # renewed at every step and without an epoch value: logged per step only
             if self.steps and self.renewed.get(key) == self.steps and not self._has_epoch_value(key, trainer):
                 metrics[key] = float(self.sums[key]) / self.steps

@@ -1,11 +1,12 @@
 """A run folder (``--trainer.default_root_dir``) is owned by one run.
 
-* **One fit at a time.** A fit takes ``<root>/.lock`` (its owner: pid, host, start time, command) before any
-  model is built and gives it back at exit. A second fit into the folder is refused while the owner runs; a lock
-  whose owner is gone (same host, pid no longer running: a killed run) is replaced, with a line saying so.
+* **One fit at a time.** A fit holds ``<root>/.lock`` (``flock``; the file names its owner: pid, host, command)
+  from before any model is built until it ends. A second fit into the folder is refused while the owner runs; the
+  kernel frees the lock of a killed run, and the next fit says it took the folder over.
 * **No silent overwrite.** A fit into a folder that holds another run's checkpoints with a *different* config
   (``config.yaml`` differs in a value both configs set) is refused unless it resumes that run (``--ckpt_path``) or
-  ``--overwrite`` is given. The same config again (``make`` rerun) proceeds.
+  ``--overwrite true`` is given, which moves the earlier run to ``<root>/replaced/<time>/``. The same config again
+  (``make`` rerun) proceeds.
 * **Beside, never over.** ``fit`` writes ``config.yaml``; ``test`` / ``validate`` / ``predict`` write
   ``config.<command>.yaml`` and ``metrics.<command>.json``; all atomically, on rank 0.
 """
@@ -13,9 +14,11 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -57,73 +60,108 @@ def config_differences(old: dict, new: dict) -> list[str]:
     return sorted(k for k in a.keys() & b.keys() if a[k] != b[k] and k.split(".")[0] not in IGNORED_KEYS)
 
 
+RUN_RECORDS = ("checkpoints", FIT_CONFIG, "fit_record.json", "config.*.yaml", "metrics.*.json")
+
+
+def set_aside(root: str | os.PathLike) -> Path:
+    """Move the folder's run (checkpoints and records) into ``<root>/replaced/<UTC time>/``: replaced, not lost."""
+    root = Path(root)
+    dest = root / "replaced" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in RUN_RECORDS:
+        for path in root.glob(pattern):
+            path.rename(dest / path.name)
+    return dest
+
+
 def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, overwrite: bool) -> None:
-    """Refuse a fit into a folder holding another config's checkpoints (see the module docstring)."""
+    """Refuse a fit into a folder holding another config's checkpoints (see the module docstring); with
+    ``overwrite`` the earlier run is set aside (:func:`set_aside`) instead."""
     root = Path(root)
     old_file = root / FIT_CONFIG
-    if resuming or overwrite or not old_file.is_file() or not any((root / "checkpoints").glob("*.ckpt")):
+    if resuming or not any((root / "checkpoints").glob("*.ckpt")):
         return
     try:
-        old = yaml.safe_load(old_file.read_text(encoding="utf-8")) or {}
+        old = yaml.safe_load(old_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        old = {}
-    diff = config_differences(old, new_config) if isinstance(old, dict) else ["(unreadable config.yaml)"]
-    if diff:
-        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
-        raise RunFolderError(f"{root} holds the checkpoints of a run with another config ({old_file} differs in "
-                             f"{shown}). Fix: give a new --trainer.default_root_dir, resume that run with "
-                             "--ckpt_path last, or pass --overwrite to replace it.")
+        old = None
+    # a missing or unreadable record cannot show the run is the same one: refused like a different config
+    if not isinstance(old, dict):
+        why = f"{old_file} is {'unreadable' if old_file.exists() else 'missing'}"
+    else:
+        diff = config_differences(old, new_config)
+        if not diff:
+            return
+        why = f"{old_file} differs in " + ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+    if overwrite:
+        print(f"--overwrite: {root} held another run ({why}); moved it to {set_aside(root)}", file=sys.stderr)
+        return
+    raise RunFolderError(f"{root} holds the checkpoints of another run ({why}). Fix: give a new "
+                         "--trainer.default_root_dir, resume that run with --ckpt_path last, or pass --overwrite true "
+                         "to replace it.")
 
 
 class RunLock:
-    """``<root>/.lock`` held by this process until :meth:`release` (or exit)."""
+    """``<root>/.lock``, held with ``flock`` by this process until :meth:`release` (or exit): the kernel frees it
+    when the process dies, so a killed run never blocks the folder; the file's JSON (pid, host, command) names
+    the owner in the refusal, and a record left by a run that is gone is reported when taken over."""
 
     def __init__(self, root: str | os.PathLike):
         self.path = Path(root) / LOCK_FILE
-        self.held = False
+        self.fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {**owner_record(), "command": " ".join(sys.argv)}
-        for _ in range(2):
+        while True:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            self.held = True
-            atexit.register(self.release)
-            return self
-        raise RunFolderError(f"{self.path.parent}: could not take {self.path}; another run took it at the same time")
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunFolderError(self._refusal()) from None
+            try:  # the file may have been released and unlinked between open and flock: lock the current one
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        self._report_previous(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({**owner_record(), "command": " ".join(sys.argv)}).encode(), 0)
+        self.fd = fd
+        atexit.register(self.release)
+        return self
 
-    def _take_over_if_stale(self) -> None:
+    def _owner(self, fd: int | None = None) -> dict | None:
         try:
-            owner = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return  # released meanwhile: try again
+            text = os.pread(fd, 1 << 16, 0) if fd is not None else self.path.read_bytes()
+            owner = json.loads(text)
         except (OSError, ValueError):
-            owner = None
-        if same_host(owner):
-            gone = owner_gone(owner)
-            if gone is None:
-                raise RunFolderError(
-                    f"{self.path.parent} is in use by another run (pid {owner['pid']}: {owner.get('command', '?')}). "
-                    "Fix: wait for it to finish, or give this run another --trainer.default_root_dir.")
+            return None
+        return owner if isinstance(owner, dict) else None
+
+    def _refusal(self) -> str:
+        owner = self._owner() or {}
+        who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}: {owner.get('command', '?')}"
+        return (f"{self.path.parent} is in use by another run ({who}). Fix: wait for it to finish, or give this "
+                "run another --trainer.default_root_dir.")
+
+    def _report_previous(self, fd: int) -> None:
+        owner = self._owner(fd)
+        if owner and same_host(owner) and owner.get("pid") != os.getpid():
+            gone = owner_gone(owner) or "it no longer holds the folder"
             print(f"{self.path}: the run that held it is gone ({gone}); taking the folder over", file=sys.stderr)
-        elif isinstance(owner, dict):
-            raise RunFolderError(
-                f"{self.path.parent} is locked by a run on host {owner.get('host')} (pid {owner.get('pid')}). Fix: wait "
-                f"for it, or, if that run is gone, delete {self.path}.")
-        else:
-            print(f"{self.path}: unreadable lock file (a run killed while writing it); replacing it", file=sys.stderr)
-        self.path.unlink(missing_ok=True)
 
     def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.path.unlink(missing_ok=True)
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            self.path.unlink(missing_ok=True)  # before the unlock: a waiter that locked this inode retries
+            os.close(fd)
 
 
 def write_run_config(root: str | os.PathLike, command: str, text: str) -> Path:

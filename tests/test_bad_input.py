@@ -86,7 +86,9 @@ def inputs(tiny_world, tmp_path_factory):
     coco = {"init_args": {"root": str(world / "coco"), "batch_size": 8, "eval_batch_size": 8}}
     flickr = {"class_path": "data_modules.FlickrDataModule",
               "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "batch_size": 8, "eval_batch_size": 8}}
-    return {"dir": d, "world": world,
+    from semclip_helpers import tiny_baseline_ckpt
+
+    return {"dir": d, "world": world, "vlm": f"suite:{tiny_baseline_ckpt(d / 'vlm')}",
             "stage1": stage("stage1", "vgbert/stage1_tiny.yaml", coco),
             "stage1_flickr": stage("stage1_flickr", "vgbert/stage1_tiny.yaml", flickr),
             "stage2": stage("stage2", "vgbert/stage2_tiny.yaml",
@@ -129,6 +131,9 @@ def _cases(i):
          "Flickr8k.token.txt:4", "Expected"),
         ("corrupt_images", g, ["fit", "--config", s1, "--data.init_args.root", str(d / "corrupt_coco")],
          "corrupt_coco", "image"),
+        ("corrupt_images_in_a_worker", g, ["fit", "--config", s1, "--data.init_args.root", str(d / "corrupt_coco"),
+                                           "--data.init_args.num_workers", "1", "--model.init_args.feature_cache", "false"],
+         "corrupt_coco", "image"),
         ("init_from_missing", g, ["fit", "--config", s2, "--model.init_args.init_from", str(d / "none.ckpt")],
          str(d / "none.ckpt"), "train the stage"),
         ("init_from_not_a_checkpoint", g, ["fit", "--config", s2, "--model.init_args.init_from", str(d / "garbage.ckpt")],
@@ -145,8 +150,13 @@ def _cases(i):
          ["fit", "--config", s1, "--model.init_args.net.init_args.text_encoder", "bert-base-uncased"],
          "bert-base-uncased", "HF_HUB_OFFLINE"),
         ("world_meta_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "composer" / "composer_world.yaml"),
+                                   "--config", yaml.safe_dump({"data": {"init_args": {"captions": {
+                                       "class_path": "data_modules.FlickrDataModule",
+                                       "init_args": {"root": str(world / "flickr"), "karpathy_file": None}}}}}),
                                    "--data.init_args.world_meta", str(d / "none.json")], str(d / "none.json"), "make world"),
         ("ste_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k.yaml"),
+                            "--data.init_args.vlm", i["vlm"], "--data.init_args.caption_images", "null",
+                            "--data.init_args.captions", str(world / "coco" / "annotations" / "captions_train2017.json"),
                             "--data.init_args.ste", str(d / "no_ste")], str(d / "no_ste"), "train"),
         ("vlm_checkpoint_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k.yaml"),
                                        "--data.init_args.vlm", f"suite:{d / 'none.ckpt'}"], str(d / "none.ckpt"), ""),
@@ -165,7 +175,8 @@ def _cases(i):
     ]
 
 
-CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "stage1": "", "stage1_flickr": "", "stage2": ""})]
+CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "vlm": "", "stage1": "", "stage1_flickr": "",
+                                   "stage2": ""})]
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
@@ -180,7 +191,7 @@ def test_bad_input_is_one_message_exit_2_and_loses_nothing(case, inputs, earlier
     code, err = run_entry(module, argv, capsys)
     assert code == 2, err
     assert names in err and fix in err, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "DataLoader worker" not in err
     assert unchanged(), "an earlier run's file changed"
 
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 
+from grounding.paths import REPO_ROOT
 from grounding.run_folder import RunFolderError, RunLock, check_fit_target, config_differences
 
 
@@ -32,7 +33,13 @@ def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_
     with pytest.raises(RunFolderError, match=r"model\.lr.*--trainer.default_root_dir.*--ckpt_path last.*--overwrite"):
         check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=False)
     check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=True, overwrite=False)
-    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=True)
+    (tmp_path / "config.yaml").write_text("model: [unclosed")  # unreadable: cannot show it is the same run
+    with pytest.raises(RunFolderError, match="config.yaml is unreadable"):
+        check_fit_target(tmp_path, {"model": {"lr": 1}}, resuming=False, overwrite=False)
+    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=True)  # set aside, not lost
+    [aside] = (tmp_path / "replaced").iterdir()
+    assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"x" and (aside / "config.yaml").is_file()
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "config.yaml").exists()
 
 
 def test_lock_refuses_a_live_owner_and_takes_over_a_dead_ones(tmp_path, capsys):
@@ -41,7 +48,7 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_dead_ones(tmp_path, capsys):
     assert owner["pid"] == os.getpid() and lock.held
     # a second process cannot take the folder while this one holds it
     probe = subprocess.run([sys.executable, "-c", "import sys; from grounding.run_folder import RunLock\n"
-                            f"RunLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True)
+                            f"RunLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert probe.returncode != 0 and "is in use by another run (pid" in probe.stderr
     lock.release()
     assert not (tmp_path / ".lock").exists()
