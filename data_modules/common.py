@@ -543,11 +543,13 @@ class CaptionDataModule(GroundingDataModule):
         raise NotImplementedError
 
     def check_inputs(self) -> None:
-        """The root and the files its layout needs exist (``python -m grounding`` asks before building any
-        model). Cheap: nothing is parsed; a malformed file is reported when it is read."""
+        """The root and the files its layout needs exist, and the caption files parse (a bad byte or line is
+        reported with its file and line): ``python -m grounding`` asks before building any model, which takes
+        far longer than this one extra read of the caption files."""
         root = require_root(self.root_path, self.dataset_name, self.layout, self.hint)
         for path, hint in self.input_files(root):
             require_file(path, self.dataset_name, self.layout, hint)
+        self.read_splits(root)
 
     def input_files(self, root: Path) -> list[tuple[Path, str]]:
         """(file, how to fix its absence) that :meth:`read_splits` will need."""

@@ -175,6 +175,13 @@ def _cases(i):
     ]
 
 
+# Caught before any model is built (python -m grounding checks data files, caption files, checkpoints first).
+BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_lists_missing",
+                    "flickr_captions_file_missing", "flickr_not_utf8", "flickr_malformed_line", "init_from_missing",
+                    "init_from_not_a_checkpoint", "ckpt_path_missing", "ckpt_path_not_a_checkpoint",
+                    "ckpt_path_last_without_run", "option_typo", "config_missing", "world_meta_missing", "ste_missing",
+                    "vlm_checkpoint_missing"}
+
 CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "vlm": "", "stage1": "", "stage1_flickr": "",
                                    "stage2": ""})]
 
@@ -186,6 +193,12 @@ def test_bad_input_is_one_message_exit_2_and_loses_nothing(case, inputs, earlier
     monkeypatch.delenv("GROUNDING_DEBUG", raising=False)
     _, module, argv, names, fix = next(c for c in _cases(inputs) if c[0] == case)
     root, unchanged = earlier
+    if case in BEFORE_ANY_MODEL:
+        from lightning.pytorch import LightningModule
+
+        def no_model(*args, **kwargs):
+            raise AssertionError("a model was built before the bad input was reported")
+        monkeypatch.setattr(LightningModule, "__init__", no_model)
     if module == "grounding" and "--trainer.default_root_dir" not in argv:
         argv = [*argv, "--trainer.default_root_dir", str(root)]
     code, err = run_entry(module, argv, capsys)
