@@ -288,3 +288,48 @@ def test_language_stream_trains_with_dropout():
     torch.manual_seed(0)
     a, b = stream(ids, mask), stream(ids, mask)
     assert not torch.allclose(a, b)  # dropout is active in training mode
+
+
+# ------------------------------------------------------------------------------ the paper config's official choices
+def _official_match_scores(image_outputs, language_outputs, nwords):
+    """The authors' stage-1 similarity (yizhen-zhang/VG-Bert, re-stated from Eq. 1 and its reduction): per
+    caption, the best location of every token among its first nwords (which include [CLS] and [SEP]), averaged."""
+    maps = torch.einsum("ind,jtd->ijnt", image_outputs, language_outputs).amax(dim=2)  # (I, J, T)
+    return torch.stack([maps[:, j, :max(1, int(n))].mean(1) for j, n in enumerate(nwords)], dim=1)
+
+
+def test_mean_over_every_token_equals_the_official_formula():
+    torch.manual_seed(0)
+    v, w = torch.randn(5, 6, 8), torch.randn(4, 7, 8)
+    nwords = torch.tensor([7, 3, 5, 1])  # unpadded tokens, [CLS]/[SEP] counted
+    attention = torch.arange(7)[None] < nwords[:, None]
+    ours = match_map_scores(v, w, attention, "mean")
+    assert torch.allclose(ours, _official_match_scores(v, w, nwords), atol=1e-6)
+    # the sum is the same maxima added up: mean x length
+    assert torch.allclose(match_map_scores(v, w, attention, "sum"), ours * nwords[None].float(), atol=1e-5)
+    # count_special_tokens=True: the word mask is the attention mask (the official nwords)
+    net = MatchMapGrounding(**TINY, count_special_tokens=True)
+    ids = torch.tensor([[101, 7, 8, 102, 0]])
+    assert net.encode_texts(ids, torch.tensor([[1, 1, 1, 1, 0]]))[1].tolist() == [[True, True, True, True, False]]
+
+
+def test_attention_dropout_follows_dropout_unless_given():
+    cfg = MatchMapGrounding(**TINY, dropout=0.3).language.bert.config
+    assert cfg.hidden_dropout_prob == cfg.attention_probs_dropout_prob == 0.3  # the official code's one rate
+    assert MatchMapGrounding(**TINY, dropout=0.3, attention_dropout=0.0).language.bert.config.attention_probs_dropout_prob == 0.0
+    assert DualEncoder(**TINY, dropout=0.2).language.bert.config.attention_probs_dropout_prob == 0.2
+
+
+def test_stage1_paper_config_follows_the_paper_data_and_the_official_code():
+    from grounding.cli import resolved_config
+    from grounding.paths import EXPERIMENTS_DIR
+
+    paper = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage1_paper.yaml")
+    net = paper["model"]["init_args"]["net"]["init_args"]
+    assert paper["model"]["init_args"]["word_reduction"] == "mean" and net["count_special_tokens"] is True
+    assert net["dropout"] == 0.3 and net["attention_dropout"] is None
+    assert paper["data"]["init_args"]["layout"] == "official"  # train2017 / val2017 (§3.3)
+    karpathy = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage1_paper_karpathy.yaml")
+    assert karpathy["data"]["init_args"]["layout"] == "karpathy"
+    tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml")  # keeps its documented switch
+    assert tiny["model"]["init_args"]["word_reduction"] == "sum"

@@ -32,8 +32,10 @@ class MatchMapGrounding(RecordedNet):
                  projection_dim: int | None = None, image_size: int = 224, count_special_tokens: bool = False,
                  normalize: bool = False):
         super().__init__()
-        self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key,
-                                       hidden_dropout=dropout, attention_dropout=attention_dropout)
+        # BERT's attention-probability dropout follows ``dropout`` unless given: the official code sets
+        # hidden_dropout_prob and attention_probs_dropout_prob to the one rate (0.3, models/LanguageModels.py)
+        self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
+                                       attention_dropout=dropout if attention_dropout is None else attention_dropout)
         d = self.language.width
         self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size)
         p = projection_dim or d
@@ -70,11 +72,13 @@ class GroundingPretrain(CaptionRetrievalModule):
 
     ``net``: the built :class:`MatchMapGrounding` (its architecture: text_encoder
     [bert-base-uncased; offline default minilm], backbone [vgg16], trainable_layers k [8],
-    freeze_query_key [True], dropout [0.3], visual_heads [12; must divide the text width],
-    projection_dim [text width], count_special_tokens ([CLS]/[SEP] are not words: False), normalize
+    freeze_query_key [True], dropout [0.3], attention_dropout [null: as dropout, as the official code],
+    visual_heads [12; must divide the text width], projection_dim [text width], count_special_tokens
+    ([CLS]/[SEP] count as words: the official code's nwords includes them; default False), normalize
     (L2-normalise projected tokens; off in the paper)). Training options (paper defaults in
     brackets): temperature tau [0.1], use_loss_l / use_loss_v [both] (or loss_terms "both" | "l" |
-    "v"), word_reduction over words in Eq. 1 ["sum"; "mean" averages over valid words],
+    "v"), word_reduction over words in Eq. 1 ["sum" (the paper's Eq. 1 as written); "mean" averages over
+    the valid tokens, as the official code does (stage1_paper.yaml)],
     feature_cache [True], max_match_elements (memory cap of the training match-map einsum),
     eval_image_chunk / eval_text_chunk (evaluation blocks), eval_fold_size (COCO-1K folds; automatic
     at >= 5K images).
