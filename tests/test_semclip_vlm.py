@@ -89,3 +89,53 @@ def test_load_vlm_errors(tmp_path):
     ckpt = save_module(match_map, tmp_path / "m.ckpt", "grounding.vgbert.GroundingPretrain")
     with pytest.raises(CheckpointError, match="DualEncoderBaseline"):
         load_vlm(f"suite:{ckpt}")
+
+
+def _tiny_hf_clip(folder):
+    """A randomly initialised CLIP built from a config (no hub): a character-level BPE vocabulary, 2-layer
+    towers, 16-d joint space, 32 px images; saved as a local CLIP folder."""
+    import json
+    import string
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    folder.mkdir(parents=True)
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in string.ascii_lowercase + ".,'0123456789":
+        vocab.setdefault(c, len(vocab))
+        vocab.setdefault(c + "</w>", len(vocab))
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    towers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    CLIPModel(CLIPConfig(text_config=dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=0,
+                                          eos_token_id=1, pad_token_id=1, **towers),
+                         vision_config=dict(image_size=32, patch_size=16, **towers), projection_dim=16)).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
+def test_hf_clip_adapter_encodes_texts_and_images_with_the_installed_transformers(tmp_path):
+    """The adapter returns the projected features whatever get_*_features returns (a tensor, or from
+    transformers 5 on an output object), equal to the model's own projection heads."""
+    from PIL import Image
+
+    from grounding.semclip.vlm import load_vlm
+
+    folder = _tiny_hf_clip(tmp_path / "clip")
+    vlm = load_vlm(f"hf-clip:{folder}")
+    texts = vlm.encode_text(["a car", "a photo of a tree"])
+    assert texts.shape == (2, 16) == (2, vlm.dim) and texts.dtype == torch.float32
+    tok = vlm.tokenizer(["a car", "a photo of a tree"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        pooled = vlm.model.text_model(**tok).pooler_output
+        assert torch.allclose(texts, vlm.model.text_projection(pooled), atol=1e-5)
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (48, 40), (200, 30, 30)).save(photo)
+    images = vlm.encode_image([photo, Image.new("RGB", (32, 32), (0, 90, 200))])
+    assert images.shape == (2, 16)
+    pixels = vlm._processor(images=[Image.open(photo).convert("RGB")], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        direct = vlm.model.visual_projection(vlm.model.vision_model(pixel_values=pixels).pooler_output)
+    assert torch.allclose(images[:1], direct, atol=1e-5)

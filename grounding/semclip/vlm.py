@@ -170,6 +170,12 @@ class SuiteVLM:
         return self.net.text_head.mlp[-1].out_features
 
 
+def projected_features(output) -> torch.Tensor:
+    """``CLIPModel.get_text_features`` / ``get_image_features``: a tensor up to transformers 4, a
+    ``BaseModelOutputWithPooling`` whose ``pooler_output`` holds the projected features from transformers 5 on."""
+    return output if isinstance(output, torch.Tensor) else output.pooler_output
+
+
 class HFCLIP:
     """A Hugging Face CLIP (``CLIPModel``) loaded from a local directory or the local hub cache."""
 
@@ -204,7 +210,7 @@ class HFCLIP:
                 self._processor = CLIPImageProcessor.from_pretrained(str(self.path), local_files_only=True)
             items = [open_rgb(Path(it)) if isinstance(it, (str, Path)) else it for it in image_items(images)]
             images = self._processor(images=items, return_tensors="pt")["pixel_values"]
-        return torch.cat([self.model.get_image_features(pixel_values=b.to(self.device)).float().cpu()
+        return torch.cat([projected_features(self.model.get_image_features(pixel_values=b.to(self.device))).float().cpu()
                           for b in images.split(self.batch_size)])
 
     @torch.inference_mode()
@@ -212,7 +218,7 @@ class HFCLIP:
         out = []
         for s in range(0, len(texts), self.batch_size):
             tok = self.tokenizer(list(texts[s:s + self.batch_size]), padding=True, truncation=True, return_tensors="pt").to(self.device)
-            out.append(self.model.get_text_features(**tok).float().cpu())
+            out.append(projected_features(self.model.get_text_features(**tok)).float().cpu())
         return torch.cat(out)
 
 
