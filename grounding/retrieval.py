@@ -21,6 +21,19 @@ DEFAULT_KS = (1, 5, 10)
 
 
 @torch.no_grad()
+def break_ties(scores: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """``scores`` (float64) plus a seeded random jitter below half the smallest gap between distinct finite
+    values: items with equal scores are ordered at random (the same order for the same seed), every other
+    order is kept. Ties broken by item index instead would favour low ids (a store whose images share a
+    vector lists them in index order)."""
+    s = scores.double()
+    finite = torch.sort(s[torch.isfinite(s)].flatten()).values
+    gaps = finite.diff()
+    gap = float(gaps[gaps > 0].min()) if bool((gaps > 0).any()) else 1.0
+    noise = torch.rand(s.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return s + noise.to(s.device) * (gap / 2)
+
+
 def retrieval_ranks(scores: torch.Tensor, caption_image_index: torch.Tensor,
                     chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based ranks: image->text (I,) of the best-ranked true caption; text->image (N,) of the true image.

@@ -230,3 +230,18 @@ def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path
     results = json.loads((out / "results.json").read_text())
     assert results["n_pairs"] == 12 and set(results["recovery"]) == {"train", "val"}
     assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6
+
+
+def test_ties_are_broken_at_random_with_a_seed_not_by_index():
+    """Eq. 7 gives images that share their nearest text the same vector: their order must not favour low ids."""
+    from grounding.retrieval import break_ties
+    from grounding.semclip.stability import ranked
+
+    scores = torch.tensor([[0.5] * 8 + [0.9, 0.1]])  # 8 tied images between a clear best and a clear worst
+    top = ranked(scores, 10)[0].tolist()
+    assert top[0] == 8 and top[-1] == 9  # distinct values keep their order
+    assert sorted(top[1:9]) == list(range(8)) and top[1:9] != list(range(8))  # ties: shuffled, not index order
+    assert ranked(scores, 10)[0].tolist() == top  # the same seed, the same order
+    assert ranked(scores, 10, seed=1)[0].tolist() != top
+    jittered = break_ties(torch.tensor([[1.0, 1.0 + 1e-6, float("-inf")]]))
+    assert jittered[0, 1] > jittered[0, 0] and jittered[0, 2] == float("-inf")  # tiny gaps survive

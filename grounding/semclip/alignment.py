@@ -27,6 +27,7 @@ from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
 from grounding.nets import RecordedNet, net_hparams
+from grounding.retrieval import break_ties
 from grounding.semclip.evaluation import TextEncoderEmbedder
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path
@@ -295,7 +296,9 @@ class SemanticIndex:
             # Approximate backends return id -1 when fewer than k items were reachable: score -inf, and
             # callers must skip negative ids (never index with them).
             return scores.masked_fill(idx < 0, float("-inf")), idx
-        return (q @ self.vectors.T).topk(k, dim=-1)
+        scores = q @ self.vectors.T
+        idx = break_ties(scores).topk(k, dim=-1).indices  # equal scores (Eq. 7's shared vectors) in a seeded order
+        return scores.gather(-1, idx), idx
 
 
 def overlap_at_k(query_topk: torch.Tensor, synonym_topk: torch.Tensor) -> float:

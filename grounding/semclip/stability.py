@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from grounding.errors import MissingInputError
+from grounding.retrieval import break_ties
 from grounding.semclip.alignment import overlap_at_k, recovery_error, retrieval_scores
 from grounding.semclip.store import SemCLIPStore
 from grounding.utils.io import atomic_path
@@ -78,9 +79,9 @@ def world_images(world: str | Path, splits: Sequence[str] = ("val", "test")) -> 
     return paths, [{o["kind"] for o in im["objects"]} for im in images], meta
 
 
-def ranked(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k ids per row, ties broken by item order (a stable sort, as a store returns equal scores)."""
-    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+def ranked(scores: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+    """Top-k ids per row, ties broken at random with a fixed seed (grounding.retrieval.break_ties)."""
+    return break_ties(scores, seed).topk(k, dim=-1).indices
 
 
 def synonym_pairs(queries: Sequence[NounQuery]) -> list[tuple[int, int]]:
@@ -121,6 +122,7 @@ def retrieval(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict
     """Table 4 for a (Q, N) query-image score matrix: t2i over queries with a relevant image, i2t over
     images with a relevant query (candidates: the noun queries)."""
     t2i_rows, i2t_rows = relevant.any(1), relevant.any(0)
+    scores = break_ties(scores)  # tied items in a seeded random order, not in torch.topk's
     t2i = retrieval_scores(scores[t2i_rows], relevant[t2i_rows], k)
     i2t = retrieval_scores(scores.T[i2t_rows], relevant.T[i2t_rows], k)
     t2i["queries"], i2t["queries"] = int(t2i_rows.sum()), int(i2t_rows.sum())
@@ -246,8 +248,8 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
     lines += ["", "t2i: one query per object word or synonym with at least one relevant image (R@10 is bounded by "
                   "10 / the number of relevant images); i2t: each image ranks the noun queries, relevant = the words "
                   "(any synonym) naming a kind it contains. Ties (SemCLIP images sharing their nearest text share a "
-                  "vector): Table 3 breaks them by image order; in Table 4 torchmetrics averages NDCG over tied "
-                  "items, while mAP and R@10 take tied items in torch.topk's (unspecified) order."]
+                  "vector) are broken at random with a fixed seed in both tables (grounding.retrieval.break_ties), "
+                  "never by image order."]
     distinct = {m: r["distinct_image_vectors"] for m, r in methods.items() if "distinct_image_vectors" in r}
     if distinct:
         lines += ["", "Distinct SemCLIP image vectors (distinct nearest bank texts, Eq. 7): "
