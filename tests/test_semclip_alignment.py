@@ -60,15 +60,62 @@ def test_index_overlap_and_retrieval_metrics():
         SemanticIndex(vecs, backend="annoy")
 
 
-def test_caption_nouns_and_lesk():
+def _doc(text):
+    from grounding.semclip.alignment import pos_tagger
+
+    return pos_tagger()(text)
+
+
+def test_caption_nouns_by_pos_with_wordnet_compounds():
     from grounding.lexicon import wordnet
 
     wn = wordnet()
-    nouns = caption_nouns("A man eating a hot dog next to two fire hydrants", wn)
-    assert "hot dog" in nouns and "fire hydrant" in nouns and "man" in nouns
-    assert "a" not in nouns and "two" not in nouns
-    key = disambiguate("dog", ["a", "dog", "barks"], wn)
-    assert key.startswith("dog.n.") or key.split(".")[-1] == "dog"
+    # issue 15's examples: colours and verbs are not nouns (the WordNet lookup took "black", "standing")
+    assert caption_nouns(_doc("A man in a black coat standing next to a hamper"), wn) == ["man", "coat", "hamper"]
+    nouns = caption_nouns(_doc("A man eating a hot dog next to two fire hydrants"), wn)
+    assert nouns == ["man", "hot dog", "fire hydrant"]
+    assert caption_nouns(_doc("Two dogs playing with a ball on the grass"), wn) == ["dog", "ball", "grass"]
+    # the prompt's depiction noun is not content; a picture on a wall is
+    assert caption_nouns(_doc("A photo of a car"), wn) == ["car"]
+    assert caption_nouns(_doc("A picture on the wall"), wn) == ["picture", "wall"]
+    # nouns outside WordNet stay, for the lexical-variant step
+    assert caption_nouns(_doc("A boy takes a selfie at the skatepark"), wn) == ["boy", "selfie", "skatepark"]
+
+
+def test_senses_default_when_lesk_has_no_evidence():
+    from grounding.lexicon import wordnet
+    from grounding.semclip.alignment import content_words
+
+    wn = wordnet()
+    context = content_words(_doc("A photo of a X"))
+    expected = {"car": "car.n.01.car", "coat": "coat.n.01.coat", "ball": "ball.n.01.ball", "hamper": "hamper.n.02.hamper",
+                "automobile": "car.n.01.automobile"}  # plain Lesk: railcar, coating, Lucille Ball, shackle
+    for noun, key in expected.items():
+        assert disambiguate(noun, context, wn) == key, noun
+    # the paper's synonym pair lands on one synset
+    assert disambiguate("car", context, wn).rsplit(".", 1)[0] == disambiguate("automobile", context, wn).rsplit(".", 1)[0]
+    # content-word evidence still chooses: a dog that barks is the animal, a bank by the river the sloping land
+    assert disambiguate("dog", content_words(_doc("a dog barks")), wn).startswith("dog.n.01")
+    assert disambiguate("bank", content_words(_doc("children sit on the bank of the river")), wn).startswith("bank.n.01")
+
+
+def test_query_targets_use_content_nouns_and_map_words_outside_the_ste(tmp_path):
+    from semclip_helpers import tiny_world_ste
+
+    from grounding.semclip.alignment import CaptionTargets
+    from grounding.semclip.ste import STEEmbedding
+
+    ste = STEEmbedding.load(tiny_world_ste(tmp_path / "ste"))
+    asked = []
+
+    def lexical(words):
+        asked.extend(words)
+        return ["ball.n.03.ball" if w == "selfie" else None for w in words]
+
+    targets = CaptionTargets(ste, lexical=lexical)
+    assert targets.keys("A photo of a ball") == targets.keys("A ball")  # the prompt word adds nothing
+    keys = targets.keys("A boy takes a selfie at the skatepark")
+    assert "selfie" in asked and "skatepark" in asked and keys[-1] == "ball.n.03.ball"
 
 
 def test_vlm_protocol_and_missing_clip(tmp_path):

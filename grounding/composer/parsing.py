@@ -62,7 +62,7 @@ def _escape(word: str) -> str:
     return word.replace("(", "-LRB-").replace(")", "-RRB-").replace(" ", "_")
 
 
-def _load_spacy(exclude=("ner", "lemmatizer")):
+def load_spacy(exclude=("ner", "lemmatizer")):
     try:
         import spacy
     except ImportError as e:
@@ -342,7 +342,7 @@ class SpacyParser(CaptionParser):
     name = "spacy"
 
     def __init__(self, batch_size: int = 256):
-        self.nlp = _load_spacy()
+        self.nlp = load_spacy()
         self.batch_size = batch_size
 
     def parse(self, captions):
@@ -402,7 +402,7 @@ class LinkGrammarParser(CaptionParser):
             raise ParserUnavailableError(f"Link Grammar's English dictionary is missing ({e}); {INSTALL_HINTS['link-grammar']}") from e
         self.lg = lg
         self.options = lg.ParseOptions(verbosity=0, linkage_limit=1, max_parse_time=max_parse_time)
-        self.nlp = _load_spacy(exclude=("ner", "lemmatizer", "parser"))
+        self.nlp = load_spacy(exclude=("ner", "lemmatizer", "parser"))
 
     def _tree(self, caption: str) -> Tree | None:
         opts = self.options
@@ -459,7 +459,7 @@ class BeneparParser(CaptionParser):
         except Exception as e:  # LookupError when the model was never downloaded
             raise ParserUnavailableError(f"benepar model {model!r} is not installed ({e}); {INSTALL_HINTS['benepar']}") from e
         self.model = model
-        self.nlp = _load_spacy(exclude=("ner", "lemmatizer", "parser"))
+        self.nlp = load_spacy(exclude=("ner", "lemmatizer", "parser"))
 
     def parse(self, captions):
         import benepar

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
+from grounding.composer.parsing import load_spacy
 from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
 from grounding.nets import RecordedNet, net_hparams
@@ -137,82 +139,127 @@ def recovery_error(predicted: torch.Tensor, targets: torch.Tensor) -> float:
 # Caption vocabulary -> STE targets
 # ------------------------------------------------------------------------------------------
 _WORD = re.compile(r"[a-z]+(?:[-'][a-z]+)*")
-# Closed-class words never count as nouns even when WordNet lists a noun sense ("a", "in", "it").
+# Closed-class words: never nouns, never Lesk evidence ("a", "in", "it").
 _STOP = frozenset("""a an the and or but of in on at to for with by from up down over under into onto off out as is are was were be been
 being has have had do does did it its this that these those there here he she they them his her their our we you i me my your
 some any all each every no not very too so than then while who whom which what where when why how one two three four five
 six seven eight nine ten near next behind front top side other another several many few more most while""".split())
+# Nouns that name the depiction, not its content, in a prompt's "a photo of a car": dropped when "of" follows.
+DEPICTION_NOUNS = frozenset({"photo", "photograph", "picture", "image", "pic", "snapshot", "shot", "closeup", "close-up"})
+_NOUN_TAGS = frozenset({"NOUN", "PROPN"})
+_NOT_IN_COMPOUND = frozenset({"DET", "ADP", "PRON", "AUX", "CCONJ", "SCONJ", "PUNCT", "PART", "NUM"})
+_CONTENT_TAGS = frozenset({"NOUN", "PROPN", "VERB", "ADJ"})
 
 
-def caption_nouns(caption: str, wn) -> list[str]:
-    """Nouns of a caption by WordNet lookup (offline, no POS tagger): the longest WordNet noun
-    compound starting at each token (up to 3 words, e.g. "hot dog", "fire hydrant"), else a single
-    token with a noun sense (its base form via morphy), skipping closed-class words."""
-    tokens = _WORD.findall(caption.lower())
+@functools.lru_cache(maxsize=1)
+def pos_tagger():
+    """spaCy's small English pipeline without parser and NER (tagger + lemmatizer), loaded once."""
+    return load_spacy(exclude=("parser", "ner"))
+
+
+def caption_nouns(doc, wn) -> list[str]:
+    """The content nouns of a tagged caption (a spaCy ``Doc``), in order: the longest WordNet noun compound
+    (up to 3 words, at least one tagged a noun, no closed-class word: "hot dog", "fire hydrant") at each
+    position, else a token tagged NOUN / PROPN, lemmatised (WordNet's base form when it has one). A depiction
+    noun followed by "of" ("a photo of a car") is the prompt, not content. Nouns outside WordNet ("selfie")
+    are kept: the lexical-variant step maps them (§4)."""
+    tokens = list(doc)
     out, i = [], 0
     while i < len(tokens):
         for n in (3, 2):
-            base = wn.morphy("_".join(tokens[i:i + n]), "n") if i + n <= len(tokens) else None
-            if base is not None:
-                out.append(base.replace("_", " "))
-                i += n
-                break
-        else:
-            tok = tokens[i]
-            if tok not in _STOP and len(tok) > 1:
-                base = wn.morphy(tok, "n")
+            span = tokens[i:i + n]
+            if (len(span) == n and any(t.pos_ in _NOUN_TAGS for t in span)
+                    and not any(t.pos_ in _NOT_IN_COMPOUND for t in span)):
+                base = wn.morphy("_".join(t.text.lower() for t in span), "n")
                 if base is not None:
                     out.append(base.replace("_", " "))
+                    i += n
+                    break
+        else:
+            tok = tokens[i]
+            text = tok.text.lower()
+            following = tokens[i + 1].text.lower() if i + 1 < len(tokens) else ""
+            if (tok.pos_ in _NOUN_TAGS and _WORD.fullmatch(text) and text not in _STOP and len(text) > 1
+                    and not (text in DEPICTION_NOUNS and following == "of")):
+                lemma = tok.lemma_.lower() if _WORD.fullmatch(tok.lemma_.lower() or "") else text
+                base = wn.morphy(lemma, "n") or wn.morphy(text, "n")
+                out.append((base or lemma).replace("_", " "))
             i += 1
     return out
 
 
-def disambiguate(noun: str, context: Sequence[str], wn, known: Callable[[str], bool] | None = None) -> str | None:
-    """The lemma key of ``noun`` in context: NLTK's Lesk, first WordNet sense when Lesk abstains.
+def content_words(doc) -> set[str]:
+    """Lesk's context: the lemmas of the caption's nouns, verbs and adjectives (closed-class words carry no
+    evidence about a sense, and counting them is what makes plain Lesk pick railcar for "a photo of a car")."""
+    return {t.lemma_.lower() for t in doc if t.pos_ in _CONTENT_TAGS and t.lemma_.lower() not in _STOP}
 
-    ``known``: a synset-name predicate (the senses the semantic memory holds); when some of the
-    noun's senses pass, Lesk chooses among those only (a subset STE, e.g. the embedded world's)."""
-    from nltk.wsd import lesk
 
+def _signature(synset) -> set[str]:
+    text = " ".join([synset.definition(), *synset.examples(), *(lem.name().replace("_", " ") for lem in synset.lemmas())])
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def disambiguate(noun: str, context: set[str], wn, known: Callable[[str], bool] | None = None) -> str | None:
+    """The STE lemma key (``synset.lemma``) of ``noun`` in a caption (§4 "word sense disambiguation").
+
+    Simplified Lesk on content words: the sense whose gloss, examples and lemmas share most words with the
+    caption's content words (``context``, the noun itself left out). With no shared word, Lesk abstains and the
+    noun's default sense is taken: the first sense whose synset WordNet names after the noun (hamper ->
+    hamper.n.02, the basket, not shackle.n.01, where "hamper" is a minor lemma), else WordNet's first sense
+    (its most frequent). ESC, the paper's disambiguator, needs a model that is not available offline.
+    ``known``: a synset-name predicate (the senses the semantic memory holds): when some senses pass, the
+    choice is among those only (a subset STE, e.g. the embedded world's)."""
     name = noun.replace(" ", "_")
     synsets = wn.synsets(name, pos="n")
     if not synsets:
         return None
     if known is not None:
         synsets = [s for s in synsets if known(s.name())] or synsets
-    sense = lesk(list(context), name, pos="n", synsets=synsets) or synsets[0]
-    lemma = next((lem.name() for lem in sense.lemmas() if lem.name().lower() == name.lower()), sense.lemmas()[0].name())
+    head = name.lower()
+    default = next((s for s in synsets if s.name().split(".")[0].lower() == head), synsets[0])
+    evidence = set(context) - {noun.lower(), *noun.lower().split()}
+    overlaps = [len(_signature(s) & evidence) for s in synsets]
+    best = max(overlaps)
+    sense = default if best == 0 or overlaps[synsets.index(default)] == best else synsets[overlaps.index(best)]
+    lemma = next((lem.name() for lem in sense.lemmas() if lem.name().lower() == head), sense.lemmas()[0].name())
     return f"{sense.name()}.{lemma}"
 
 
 class CaptionTargets:
-    """STE targets for captions (§4): the mean STE vector of a caption's disambiguated nouns.
+    """STE targets for captions and queries (§4): the mean STE vector of a text's disambiguated content nouns.
 
-    ``lexical``: an optional callable mapping out-of-vocabulary nouns to STE lemma keys (the
-    paper uses SBERT nearest lexical variants; :func:`minilm_lexical_variants` builds one)."""
+    Nouns by spaCy's POS tagger (:func:`caption_nouns`), senses by Lesk on content words with a default sense
+    when it abstains (:func:`disambiguate`). ``lexical``: maps nouns outside the STE (not in WordNet, like
+    "selfie", or a sense the STE lacks) to STE lemma keys (the paper's SBERT nearest lexical variants;
+    :func:`minilm_lexical_variants` builds one); without it they are dropped."""
 
     def __init__(self, ste: STEEmbedding, wn=None, lexical: Callable[[Sequence[str]], list[str | None]] | None = None):
         if wn is None:
             wn = wordnet()
         self.ste, self.wn, self.lexical = ste, wn, lexical
-
         self.synsets = frozenset(k[:m.end("sense")] for k in ste.keys if (m := LEMMA_KEY.match(k)))
 
-    def keys(self, caption: str) -> list[str]:
-        context = _WORD.findall(caption.lower())
+    def _doc_keys(self, doc) -> list[str]:
+        context = content_words(doc)
         keys, oov = [], []
-        for noun in caption_nouns(caption, self.wn):
+        for noun in caption_nouns(doc, self.wn):
             key = disambiguate(noun, context, self.wn, known=self.synsets.__contains__)
-            (keys if key in self.ste.index else oov).append(key if key in self.ste.index else noun)
+            if key is not None and key in self.ste.index:
+                keys.append(key)
+            else:
+                oov.append(noun)
         if oov and self.lexical is not None:
             keys += [k for k in self.lexical(oov) if k is not None and k in self.ste.index]
         return keys
 
+    def keys(self, caption: str) -> list[str]:
+        return self._doc_keys(pos_tagger()(caption))
+
     def __call__(self, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(targets (N, d_ste), kept (N,) bool): captions without any STE noun are dropped."""
         vecs, kept = [], []
-        for c in captions:
-            rows = [self.ste.index[k] for k in self.keys(c)]
+        for doc in pos_tagger().pipe(list(captions), batch_size=256):
+            rows = [self.ste.index[k] for k in self._doc_keys(doc)]
             kept.append(bool(rows))
             if rows:
                 vecs.append(self.ste.vectors[rows].mean(0))
