@@ -35,7 +35,7 @@ from grounding.semclip.vlm import load_vlm, vlm_fingerprint
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: nouns by POS, content-word Lesk, lexical step for every noun outside the STE
 CAPTIONS_HELP = ("captions must be COCO-format caption JSON ({\"annotations\": [{\"caption\": str}, ...]}), a Karpathy "
                  "split JSON ({\"images\": [{\"sentences\": [{\"raw\": str}]}]}) or a .txt file with one caption a line; "
                  "e.g. data/world/coco/annotations/captions_train2017.json")
