@@ -32,6 +32,21 @@ def require_checkpoint_file(path: str | Path, what: str, fix: str) -> Path:
     return path
 
 
+def check_stage_checkpoint(path: str | Path, what: str, prefixes: tuple[str, ...]) -> None:
+    """Before any model is built: ``path`` holds weights under each of ``prefixes`` (it is a ``what`` checkpoint).
+    Memory-mapped: only the checkpoint's index is read, not its tensors."""
+    path = Path(path).expanduser()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
+    state = state.get("state_dict", state) if isinstance(state, dict) else {}
+    absent = [p for p in prefixes if not any(str(k).startswith(p) for k in state)]
+    if absent:
+        raise CheckpointError(f"{path} is not a {what} checkpoint: it has no weights under {', '.join(absent)}. "
+                              f"Fix: set init_from to a {what} run's checkpoint (outputs/<run>/checkpoints/*.ckpt).")
+
+
 def read_checkpoint(path: str | Path, what: str) -> dict:
     """A Lightning checkpoint (or a bare state dict) as {"state_dict", "hyper_parameters"}."""
     path = Path(path).expanduser()

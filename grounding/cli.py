@@ -26,7 +26,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from grounding.checkpoints import require_checkpoint_file
+from grounding.checkpoints import check_stage_checkpoint, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
@@ -173,6 +173,14 @@ class GroundingCLI(LightningCLI):
             self.run_lock = RunLock(root).acquire()
 
 
+def _class_of(class_path) -> type | None:
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None  # the normal run reports it
+
+
 def check_inputs_early(config, subcommand: str | None) -> None:
     """Inputs validated before any model is built (loading a text encoder takes 20-100 s): the model's
     ``init_from`` checkpoint exists, and the DataModule, built alone from the config, passes its own
@@ -182,6 +190,10 @@ def check_inputs_early(config, subcommand: str | None) -> None:
     if isinstance(init_from, str) and subcommand == "fit" and config.get("ckpt_path") is None:  # read only then
         require_checkpoint_file(init_from, "init_from", "train the stage it starts from first (the README's `make` "
                                 "targets chain them), or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt)")
+        module_class = _class_of(config.model.get("class_path"))
+        stage = getattr(module_class, "init_from_checkpoint", None)  # (stage name, weight prefixes it must hold)
+        if stage is not None:
+            check_stage_checkpoint(init_from, *stage)
     if not config.get("data"):
         return
     parser = ArgumentParser(exit_on_error=False)

@@ -138,6 +138,9 @@ def _cases(i):
          str(d / "none.ckpt"), "train the stage"),
         ("init_from_not_a_checkpoint", g, ["fit", "--config", s2, "--model.init_args.init_from", str(d / "garbage.ckpt")],
          str(d / "garbage.ckpt"), "checkpoint"),
+        ("init_from_of_another_stage", g, ["fit", "--config", str(EXPERIMENTS_DIR / "vgbert" / "search_tiny.yaml"),
+                                           "--model.init_args.init_from", i["vlm"].removeprefix("suite:")],
+         i["vlm"].removeprefix("suite:"), "stage-2"),
         ("ckpt_path_missing", g, ["test", "--config", s1, "--ckpt_path", str(d / "none.ckpt")], str(d / "none.ckpt"),
          "last"),
         ("ckpt_path_last_without_run", g, ["test", "--config", s1, "--ckpt_path", "last", "--trainer.default_root_dir",
@@ -178,7 +181,7 @@ def _cases(i):
 # Caught before any model is built (python -m grounding checks data files, caption files, checkpoints first).
 BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_lists_missing",
                     "flickr_captions_file_missing", "flickr_not_utf8", "flickr_malformed_line", "init_from_missing",
-                    "init_from_not_a_checkpoint", "ckpt_path_missing", "ckpt_path_not_a_checkpoint",
+                    "init_from_not_a_checkpoint", "init_from_of_another_stage", "ckpt_path_missing", "ckpt_path_not_a_checkpoint",
                     "ckpt_path_last_without_run", "option_typo", "config_missing", "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 

@@ -48,6 +48,8 @@ class RelationalFinetune(GroundingModule):
 
     monitor = "val/relation_top1"
     monitor_mode = "max"
+    # what init_from must be (checked by `python -m grounding` before any model is built)
+    init_from_checkpoint = ("stage-1", ("model.visual.", "model.language."))
 
     def __init__(self, net: VGBertRelational, relation_labels: list[str], object_classes: list[str],
                  init_from: str | None = None, temperature: float = 1.0, use_loss_rel: bool = True,

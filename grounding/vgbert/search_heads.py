@@ -147,6 +147,8 @@ class SearchHeads(GroundingModule):
 
     monitor = "val/rsum"
     monitor_mode = "max"
+    # what init_from must be (checked by `python -m grounding` before any model is built)
+    init_from_checkpoint = ("stage-2", ("model.relational.", "model.visual.", "model.language."))
 
     def __init__(self, init_from: str | None = None, text_encoder: str | None = None, backbone: str | None = None,
                  backbone_weights: str | None = "default", visual_heads: int | None = None,
