@@ -153,7 +153,8 @@ class GroundingCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        check_inputs_early(config, self.subcommand)
+        if self.subcommand:  # a command that will read the data (run=False only builds the objects)
+            check_inputs_early(config, self.subcommand)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
         # Loggers without a save_dir write beside the checkpoints, under the stage's default_root_dir.
