@@ -22,16 +22,23 @@ DEFAULT_KS = (1, 5, 10)
 
 @torch.no_grad()
 def break_ties(scores: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """``scores`` (float64) plus a seeded random jitter below half the smallest gap between distinct finite
-    values: items with equal scores are ordered at random (the same order for the same seed), every other
-    order is kept. Ties broken by item index instead would favour low ids (a store whose images share a
-    vector lists them in index order)."""
-    s = scores.double()
-    finite = torch.sort(s[torch.isfinite(s)].flatten()).values
-    gaps = finite.diff()
+    """``scores`` (float64) plus a seeded random jitter that orders equal scores at random (the same order for the
+    same seed) and keeps every other order. Ties broken by item index instead would favour low ids (a store whose
+    images share a vector lists them in index order).
+
+    Float32 / float16 scores: each value moves by less than half the gap to the next representable value of its own
+    dtype, so two distinct values never swap (O(QN), no sort). Float64 scores: by less than half the smallest gap
+    between distinct finite values (a sort). Non-finite values are left as they are."""
+    gen = torch.Generator(device=scores.device).manual_seed(seed)
+    noise = torch.rand(scores.shape, generator=gen, device=scores.device, dtype=torch.float64)
+    finite = torch.isfinite(scores)
+    if scores.dtype != torch.float64:
+        spacing = (torch.nextafter(scores, torch.full_like(scores, float("inf"))) - scores).double()
+        return scores.double() + torch.where(finite, noise * spacing / 2, torch.zeros_like(noise))
+    values = torch.sort(scores[finite].flatten()).values
+    gaps = values.diff()
     gap = float(gaps[gaps > 0].min()) if bool((gaps > 0).any()) else 1.0
-    noise = torch.rand(s.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return s + noise.to(s.device) * (gap / 2)
+    return scores + torch.where(finite, noise * (gap / 2), torch.zeros_like(noise))
 
 
 def retrieval_ranks(scores: torch.Tensor, caption_image_index: torch.Tensor,

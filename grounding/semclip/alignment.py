@@ -194,9 +194,10 @@ def content_words(doc) -> set[str]:
     return {t.lemma_.lower() for t in doc if t.pos_ in _CONTENT_TAGS and t.lemma_.lower() not in _STOP}
 
 
-def _signature(synset) -> set[str]:
+@functools.lru_cache(maxsize=1 << 16)
+def _signature(synset) -> frozenset[str]:
     text = " ".join([synset.definition(), *synset.examples(), *(lem.name().replace("_", " ") for lem in synset.lemmas())])
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+    return frozenset(w for w in _WORD.findall(text.lower()) if w not in _STOP)
 
 
 def disambiguate(noun: str, context: set[str], wn, known: Callable[[str], bool] | None = None) -> str | None:
@@ -239,7 +240,8 @@ class CaptionTargets:
         self.ste, self.wn, self.lexical = ste, wn, lexical
         self.synsets = frozenset(k[:m.end("sense")] for k in ste.keys if (m := LEMMA_KEY.match(k)))
 
-    def _doc_keys(self, doc) -> list[str]:
+    def _doc_keys(self, doc) -> tuple[list[str], list[str]]:
+        """(STE keys of the text's nouns, its nouns outside the STE)."""
         context = content_words(doc)
         keys, oov = [], []
         for noun in caption_nouns(doc, self.wn):
@@ -248,18 +250,23 @@ class CaptionTargets:
                 keys.append(key)
             else:
                 oov.append(noun)
-        if oov and self.lexical is not None:
-            keys += [k for k in self.lexical(oov) if k is not None and k in self.ste.index]
-        return keys
+        return keys, oov
+
+    def _with_variants(self, per_text: list[tuple[list[str], list[str]]]) -> list[list[str]]:
+        """Each text's keys plus its outside nouns' lexical variants: one lookup for all the texts' distinct nouns."""
+        outside = sorted({noun for _, oov in per_text for noun in oov})
+        mapped = dict(zip(outside, self.lexical(outside))) if outside and self.lexical is not None else {}
+        return [keys + [mapped[n] for n in oov if mapped.get(n) in self.ste.index] for keys, oov in per_text]
 
     def keys(self, caption: str) -> list[str]:
-        return self._doc_keys(pos_tagger()(caption))
+        return self._with_variants([self._doc_keys(pos_tagger()(caption))])[0]
 
     def __call__(self, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(targets (N, d_ste), kept (N,) bool): captions without any STE noun are dropped."""
+        per_text = [self._doc_keys(doc) for doc in pos_tagger().pipe(list(captions), batch_size=256)]
         vecs, kept = [], []
-        for doc in pos_tagger().pipe(list(captions), batch_size=256):
-            rows = [self.ste.index[k] for k in self._doc_keys(doc)]
+        for keys in self._with_variants(per_text):
+            rows = [self.ste.index[k] for k in keys]
             kept.append(bool(rows))
             if rows:
                 vecs.append(self.ste.vectors[rows].mean(0))
@@ -344,7 +351,14 @@ class SemanticIndex:
             # callers must skip negative ids (never index with them).
             return scores.masked_fill(idx < 0, float("-inf")), idx
         scores = q @ self.vectors.T
-        idx = break_ties(scores).topk(k, dim=-1).indices  # equal scores (Eq. 7's shared vectors) in a seeded order
+        # equal scores (Eq. 7's shared vectors) in a seeded random order: re-ranked only in the rows whose top k + 1
+        # hold a tie (break_ties costs ~40x a top-k over a large store)
+        top = scores.topk(min(k + 1, scores.shape[1]), dim=-1)
+        idx = top.indices[:, :k]
+        tied = (top.values[:, 1:] == top.values[:, :-1]).any(-1)
+        if bool(tied.any()):
+            idx = idx.clone()
+            idx[tied] = break_ties(scores[tied]).topk(k, dim=-1).indices
         return scores.gather(-1, idx), idx
 
 
