@@ -83,19 +83,13 @@ def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world,
     import json
 
     import torch
+    from run_helpers import tiny_stage1_config
 
     from grounding.cli import main
-    from grounding.paths import EXPERIMENTS_DIR
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    config = tmp_path / "stage1.yaml"
-    config.write_text(yaml.safe_dump({
-        "base": str(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"),
-        "model": {"init_args": {"net": {"init_args": {"text_encoder": "tiny-random", "backbone": "tiny_cnn",
-                                                      "backbone_weights": None, "visual_heads": 4}}}},
-        "data": {"init_args": {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8}},
-        "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
-                    "limit_train_batches": 2, "limit_val_batches": 1, "default_root_dir": str(tmp_path / "run")}}))
+    config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, tmp_path / "run", limit_train_batches=2,
+                                limit_val_batches=1)
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
 
     def run(*args):

@@ -16,32 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from run_helpers import FakeImages
 
 from grounding import feature_cache as fcache
 from grounding.encoders import load_visual_backbone
 from grounding.utils.io import atomic_path
 
 
-class Images:
-    """Five tiny 'images' (files that exist, so they have sizes and mtimes) and their pixels."""
-
-    def __init__(self, folder, n=5):
-        self.image_paths = []
-        for i in range(n):
-            p = folder / f"img{i}.bin"
-            p.write_bytes(bytes([i]))
-            self.image_paths.append(p)
-        self.transform = "deterministic"
-
-    def load_image(self, index):
-        g = torch.Generator().manual_seed(int(index))
-        return torch.randn(3, 32, 32, generator=g)
-
-
 @pytest.fixture
 def world(tmp_path):
     torch.manual_seed(0)
-    return load_visual_backbone("tiny_cnn", weights=None), Images(tmp_path), tmp_path / "cache"
+    return load_visual_backbone("tiny_cnn", weights=None), FakeImages(tmp_path), tmp_path / "cache"
 
 
 def build(backbone, ds, root, **kw):

@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch import Callback
+from run_helpers import tiny_stage1_config
 
-from grounding.paths import EXPERIMENTS_DIR, REPO_ROOT
+from grounding.paths import REPO_ROOT
 
 KILL_EPOCH, KILL_BATCH, EPOCHS = 1, 2, 3
 
@@ -38,16 +39,9 @@ def _fit(config: Path, root: Path, env: dict, *extra: str) -> subprocess.Complet
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, tmp_path):
-    config = tmp_path / "stage1.yaml"
-    config.write_text(yaml.safe_dump({
-        "base": str(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"),
-        # no dropout: Lightning does not restore the global RNG, so masks after a resume would differ
-        "model": {"init_args": {"net": {"init_args": {"text_encoder": "tiny-random", "backbone": "tiny_cnn",
-                                                      "backbone_weights": None, "visual_heads": 4, "dropout": 0.0,
-                                                      "attention_dropout": 0.0}}}},
-        "data": {"init_args": {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8}},
-        "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
-                    "max_epochs": EPOCHS, "limit_train_batches": 4, "limit_val_batches": 2}}))
+    # no dropout: Lightning does not restore the global RNG, so masks after a resume would differ
+    config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, net={"dropout": 0.0, "attention_dropout": 0.0},
+                                max_epochs=EPOCHS, limit_train_batches=4, limit_val_batches=2)
     env = {**os.environ, "GROUNDING_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     straight, killed = tmp_path / "straight", tmp_path / "killed"

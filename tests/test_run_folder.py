@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import yaml
+from run_helpers import tiny_stage1_config
 
 from grounding.paths import REPO_ROOT
 from grounding.run_folder import RunFolderError, RunLock, check_fit_target, config_differences
@@ -60,21 +61,6 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_dead_ones(tmp_path, capsys):
     assert "the run that held it is gone" in capsys.readouterr().err
 
 
-def _stage1(tmp_path, tiny_world, root):
-    from grounding.paths import EXPERIMENTS_DIR
-
-    config = tmp_path / "stage1.yaml"
-    config.write_text(yaml.safe_dump({
-        "base": str(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"),
-        "model": {"init_args": {"net": {"init_args": {"text_encoder": "tiny-random", "backbone": "tiny_cnn",
-                                                      "backbone_weights": None, "visual_heads": 4}}}},
-        "data": {"init_args": {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8}},
-        "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
-                    "max_epochs": 1, "limit_train_batches": 1, "limit_val_batches": 1, "limit_test_batches": 1,
-                    "default_root_dir": str(root)}}))
-    return config
-
-
 def test_cli_run_folder_owned_by_one_run(tiny_world, tmp_path, monkeypatch):
     """A concurrent fit is refused; a fit of another config into a run's folder is refused (files untouched) unless
     --overwrite; test writes config.test.yaml and metrics.test.json beside the fit's config.yaml."""
@@ -82,7 +68,8 @@ def test_cli_run_folder_owned_by_one_run(tiny_world, tmp_path, monkeypatch):
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "run"
-    config = _stage1(tmp_path, tiny_world, root)
+    config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, root, max_epochs=1, limit_train_batches=1,
+                                limit_val_batches=1, limit_test_batches=1)
 
     def run(*args):
         with contextlib.redirect_stdout(io.StringIO()):

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from run_helpers import FakeImages
 
 from grounding import feature_cache as fcache
 from grounding.losses import cross_modal_contrastive_loss
@@ -181,20 +182,6 @@ def test_sweep_grid_expands_to_cli_overrides():
 
 
 # ------------------------------------------------------------------------------ feature cache
-class _Images:
-    def __init__(self, tmp_path, n=5):
-        self.image_paths = []
-        for i in range(n):
-            p = tmp_path / f"img{i}.bin"
-            p.write_bytes(bytes([i]))
-            self.image_paths.append(p)
-        self.transform = "deterministic"
-
-    def load_image(self, index):
-        g = torch.Generator().manual_seed(int(index))
-        return torch.randn(3, 32, 32, generator=g)
-
-
 class _FailingBackbone(torch.nn.Module):
     name = "failing"
 
@@ -214,7 +201,7 @@ def test_feature_cache_atomic_and_reused(tmp_path):
 
     torch.manual_seed(0)
     backbone = load_visual_backbone("tiny_cnn", weights=None)
-    ds = _Images(tmp_path)
+    ds = FakeImages(tmp_path)
     root = tmp_path / "cache"
     failing = _FailingBackbone(backbone, fail_after=1)
     with pytest.raises(RuntimeError, match="simulated"):
