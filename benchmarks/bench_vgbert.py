@@ -1,59 +1,245 @@
 """VG-BERT stage-1 benchmarks, side by side from one run.
 
-1. Match-map scoring (Eq. 1) of every image against every caption: the chunked, einsum-vectorised
-   evaluation (grounding.vgbert.match_map.chunked_match_scores) versus a per-pair Python loop on the
-   same tensors, and versus this machine's dense matmul rate for the same FLOPs.
-2. Stage-1 training steps per second with the frozen-backbone feature cache (features read from a
-   numpy memmap) versus recomputing the frozen backbone on pixels every step.
+1. **Match-map loss, training** (Eq. 1-2, fwd + bwd) at the paper's shapes (14x14 locations, T = 16,
+   d = 768), batch 32 and 64: the suite (:class:`grounding.vgbert.match_map.MaxMatchScores`, sparse backward)
+   against a re-statement of the authors' loss (``benchmarks/official_vgbert_loss.py``) and against the
+   dense-``amax`` einsum the suite used before, interleaved repeats (medians), losses checked equal first;
+   GFLOP/s count the forward's useful FLOPs, next to a dense GEMM of those FLOPs timed in the same run.
+2. **Match-map scoring, evaluation**: the block scorer (``chunked_match_scores``) against the same dense GEMM rate.
+3. **Evaluation memory**: peak RSS of a fresh process running the stage-1 LightningModule's real test loop
+   (``trainer.test``: ``test_step`` collection, ``on_test_epoch_end`` scoring and ranking) on random features
+   of the paper's shapes, at 1K images x 5K captions and 5K x 25K (COCO 5K). On a CPU the full scoring is
+   10^14-10^15 FLOPs, so the scorer runs for real on one image chunk x one caption chunk (its transient
+   memory is the same for every block) and the rest of the score matrix is filled at random before ranking.
+4. **Feature cache**: stage-1 training steps/s with the frozen backbone recomputed vs read from the cache.
 
-    python benchmarks/bench_vgbert.py [--images 48 --captions 240 --batch 16 --steps 3]
+    python benchmarks/bench_vgbert.py [--sections loss scoring memory cache] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
-from grounding import feature_cache as fcache
-from grounding.vgbert import GroundingPretrain, MatchMapGrounding
-from grounding.vgbert.match_map import chunked_match_scores, match_map_flops, pair_loop_scores
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from official_vgbert_loss import official_match_map_loss  # noqa: E402
+
+from grounding import feature_cache as fcache  # noqa: E402
+from grounding.losses import cross_modal_contrastive_loss  # noqa: E402
+from grounding.vgbert import GroundingPretrain, MatchMapGrounding  # noqa: E402
+from grounding.vgbert.match_map import (  # noqa: E402
+    chunked_match_scores,
+    einsum_match_scores,
+    match_map_flops,
+    match_map_scores,
+)
+from grounding.vgbert.pretrain import EVAL_BLOCKS  # noqa: E402
+
+SIDE, TOKENS, WIDTH = 14, 16, 768  # the paper's VGG16 grid, caption length, BERT-base width
 
 
-def timed(fn, repeat: int = 1) -> float:
-    fn()  # warm-up
-    t = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - t) / repeat
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def bench_match_map(n_img: int, n_cap: int, locations: int, tokens: int, width: int) -> None:
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of each function, run in turn ``repeats`` times after one warm-up each."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(repeats):
+        for k, f in fns.items():
+            _sync(device)
+            t = time.perf_counter()
+            f()
+            _sync(device)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _table(title: str, rows: list[tuple[str, float, float]], reference: int = 0, label: str = "speed-up") -> None:
+    """Rows (name, seconds, useful FLOPs); the last column is rows[reference]'s time over each row's."""
+    print(f"\n[{title}]")
+    print(f"{'method':<60}{'seconds':>10}{'GFLOP/s':>10}{label:>12}")
+    ref = rows[reference][1]
+    for name, t, flops in rows:
+        print(f"{name:<60}{t:>10.3f}{flops / t / 1e9:>10.1f}{ref / t:>11.2f}x")
+
+
+def bench_training_loss(batches: list[int], repeats: int, device: torch.device, temperature: float = 0.1) -> None:
+    """Eq. 1-2 forward + backward: official re-statement vs the suite's sparse backward vs the dense einsum."""
+    for b in batches:
+        _training_loss_at(b, repeats, device, temperature)
+
+
+def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: float) -> None:
+    n = SIDE * SIDE
+    g = torch.Generator().manual_seed(b)
+    image = (0.1 * torch.randn(b, WIDTH, SIDE, SIDE, generator=g)).to(device).requires_grad_()
+    words = (0.1 * torch.randn(b, TOKENS, WIDTH, generator=g)).to(device).requires_grad_()
+    nwords = torch.randint(TOKENS // 2, TOKENS + 1, (b,), generator=g)  # [CLS] + words + [SEP], then padding
+    mask = (torch.arange(TOKENS) < nwords[:, None]).to(device)
+
+    # each implementation in its own layout: the official visual stream's (B, d, h, w), the suite's (B, h*w, d)
+    native = image.detach().flatten(2).transpose(1, 2).contiguous().requires_grad_()
+
+    def loss_of(scorer):
+        def run():
+            native.grad = words.grad = None
+            s = scorer(native, words, mask, "mean")
+            loss = cross_modal_contrastive_loss(s, temperature)["loss"]
+            loss.backward()
+            return loss.detach(), native.grad.transpose(1, 2).reshape(image.shape), words.grad
+        return run
+
+    def official():
+        image.grad = words.grad = None
+        loss = official_match_map_loss(image, words, nwords, temperature)
+        loss.backward()
+        return loss.detach(), image.grad, words.grad
+
+    suite, dense = loss_of(match_map_scores), loss_of(einsum_match_scores)
+    methods = {"official re-statement (loops, dense max)": official,
+               "suite before: einsum, dense amax backward": dense,
+               "suite: MaxMatchScores (sparse backward)": suite}
+    reference, peak, runnable = None, {}, {}
+    for name, f in methods.items():  # same loss and gradients as the first that fits in memory
+        try:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            out = [x.clone() for x in f()]
+            if device.type == "cuda":
+                peak[name] = torch.cuda.max_memory_allocated(device) / 2**30
+        except torch.OutOfMemoryError:
+            image.grad = words.grad = native.grad = None
+            print(f"  {name}: out of memory at batch {b}")
+            continue
+        runnable[name] = f
+        if reference is None:
+            reference = out
+        else:
+            assert torch.allclose(out[0], reference[0], rtol=1e-5), (out[0], reference[0])
+            assert torch.allclose(out[1], reference[1], atol=1e-5) and torch.allclose(out[2], reference[2], atol=1e-5)
+    visual, flat_words = native.detach().reshape(-1, WIDTH), words.detach().reshape(-1, WIDTH)
+    runnable["one dense GEMM of the forward's FLOPs"] = lambda: visual @ flat_words.t()  # (B*N, d) @ (d, B*T)
+    t = interleaved(runnable, repeats, device)
+    flops = match_map_flops(b, b, n, TOKENS, WIDTH)
+    _table(f"match-map loss fwd+bwd, batch {b}, {SIDE}x{SIDE} locations, T={TOKENS}, d={WIDTH}, {device.type} "
+           f"({flops / 1e9:.1f} GFLOP forward)", [(k, v, flops) for k, v in t.items()])
+    for name, gib in peak.items():
+        print(f"  peak GPU memory, {name}: {gib:.2f} GiB")
+
+
+def bench_scoring(n_img: int, n_cap: int, blocks: list[tuple[int, int]], repeats: int, device: torch.device) -> None:
+    """Evaluation blocks (fp16 features stored, fp32 blocks) of several sizes vs a dense GEMM of the same FLOPs."""
     g = torch.Generator().manual_seed(0)
-    v = torch.randn(n_img, locations, width, generator=g)
-    w = torch.randn(n_cap, tokens, width, generator=g)
-    mask = torch.ones(n_cap, tokens, dtype=torch.bool)
-    mask[:, tokens * 3 // 4:] = False  # a quarter padding, as in real batches
-    flops = match_map_flops(n_img, n_cap, locations, tokens, width)
-    t_chunk = timed(lambda: chunked_match_scores(v, w, mask, image_chunk=32, text_chunk=128), repeat=2)
-    t_loop = timed(lambda: pair_loop_scores(v, w, mask))
-    assert torch.allclose(chunked_match_scores(v, w, mask), pair_loop_scores(v, w, mask), atol=1e-3)
-    # Dense matmul with the same FLOP count: (m x k) @ (k x n) with m*n*k = flops / 2.
-    side = int(round((flops / 2) ** (1 / 3)))
-    a, b = torch.randn(side, side), torch.randn(side, side)
-    t_mm = timed(lambda: a @ b, repeat=2) * (flops / (2.0 * side ** 3))
-    print(f"\n[match-map scoring] {n_img} images x {n_cap} captions, {locations} locations, {tokens} tokens, d={width}"
-          f" ({flops / 1e9:.2f} GFLOP)")
-    print(f"{'method':<28}{'seconds':>10}{'GFLOP/s':>10}{'vs chunked':>12}")
-    for name, t in (("chunked einsum (eval)", t_chunk), ("per-pair loop", t_loop), ("dense matmul, same FLOPs", t_mm)):
-        print(f"{name:<28}{t:>10.3f}{flops / t / 1e9:>10.1f}{t / t_chunk:>11.2f}x")
+    n = SIDE * SIDE
+    v = (0.1 * torch.randn(n_img, n, WIDTH, generator=g)).half()
+    w = (0.1 * torch.randn(n_cap, TOKENS, WIDTH, generator=g)).half()
+    mask = torch.arange(TOKENS) < torch.randint(TOKENS // 2, TOKENS + 1, (n_cap, 1), generator=g)
+    flops = match_map_flops(n_img, n_cap, n, TOKENS, WIDTH)
+    ic, tc = blocks[0]
+    a = v[:ic].float().reshape(-1, WIDTH).to(device)
+    b = w[:tc].float().reshape(-1, WIDTH).to(device)
+    repeat = round((n_img / ic) * (n_cap / tc))
+    fns = {f"block scorer, {ic} x {tc} blocks ({ic * tc * n * TOKENS * 4 / 2**20:.0f} MiB maps)": (
+        lambda ic=ic, tc=tc: chunked_match_scores(v, w, mask, "sum", image_chunk=ic, text_chunk=tc, device=device))
+        for ic, tc in blocks}
+    fns[f"dense GEMM, same FLOPs ({repeat} x {ic * n} x {WIDTH} x {tc * TOKENS})"] = lambda: [b @ a.t() for _ in range(repeat)]
+    t = interleaved(fns, repeats, device)
+    _table(f"match-map scoring (evaluation), {n_img} images x {n_cap} captions, {device.type} ({flops / 1e9:.0f} GFLOP)",
+           [(k, s, flops) for k, s in t.items()], reference=len(t) - 1, label="vs GEMM")
+
+
+class RandomFeatureGrounding(GroundingPretrain):
+    """Stage 1 whose encoders return seeded random features of the paper's shapes (memory benchmark only):
+    everything else (test_step collection, on_test_epoch_end, the block scorer, ranking) is the suite's."""
+
+    def encode_images(self, images):
+        g = torch.Generator().manual_seed(int(images[0, 0, 0, 0]))
+        return (0.1 * torch.randn(len(images), SIDE * SIDE, WIDTH, generator=g))
+
+    def encode_texts(self, input_ids, attention_mask):
+        g = torch.Generator().manual_seed(int(input_ids[0, 0]) + 1)
+        return 0.1 * torch.randn(*input_ids.shape, WIDTH, generator=g), attention_mask.bool()
+
+    def eval_scores(self, img, txt, mask):
+        # The real scorer on one (image chunk x caption chunk) corner of the full-size result; every other
+        # block allocates the same transient memory, so the peak is the same. The rest is random for ranking.
+        ic, tc = EVAL_BLOCKS["cpu"]
+        out = torch.empty(img.shape[0], txt.shape[0]).normal_()
+        chunked_match_scores(img[:ic], txt[:tc], mask[:tc], self.hparams.word_reduction, ic, tc, out=out[:ic, :tc])
+        return out
+
+
+class _TestItems(torch.utils.data.Dataset):
+    def __init__(self, images: int, captions_per_image: int):
+        self.images, self.per = images, captions_per_image
+
+    def __len__(self):
+        return self.images
+
+    def __getitem__(self, i):
+        return i
+
+
+def _collate(per: int):
+    def collate(items):
+        ix = torch.tensor(items)
+        ids = (ix.repeat_interleave(per) * 7 + 1000).unsqueeze(1).repeat(1, TOKENS)
+        lengths = torch.arange(len(ids)) % (TOKENS // 2) + TOKENS // 2
+        return {"images": ix.float().view(-1, 1, 1, 1).expand(-1, 3, 1, 1).contiguous(), "image_index": ix,
+                "input_ids": ids, "attention_mask": (torch.arange(TOKENS) < lengths[:, None]).long(),
+                "caption_image_index": ix.repeat_interleave(per)}
+    return collate
+
+
+def memory_child(images: int, captions_per_image: int, batch: int) -> None:
+    """Runs in a fresh process: the test loop of stage 1 on random paper-shape features; prints JSON."""
+    import lightning.pytorch as pl  # noqa: PLC0415 - only the child process needs Lightning's Trainer
+
+    warnings.filterwarnings("ignore")
+    net = MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
+                            trainable_layers=1, image_size=32)
+    module = RandomFeatureGrounding(net, feature_cache=False)
+    loader = torch.utils.data.DataLoader(_TestItems(images, captions_per_image), batch_size=batch,
+                                         collate_fn=_collate(captions_per_image))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    t = time.perf_counter()
+    metrics = trainer.test(module, loader, verbose=False)[0]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    print(json.dumps({"peak_gib": peak, "before_gib": before, "seconds": time.perf_counter() - t,
+                      "rsum": metrics["test/rsum"]}))
+
+
+def bench_eval_memory(sizes: list[tuple[int, int]], batch: int) -> None:
+    print("\n[evaluation memory: stage-1 test loop, random features 14x14x768 / T=16 stored fp16; peak RSS of a "
+          "fresh process]")
+    print(f"{'images x captions':<22}{'features (fp16)':>16}{'scores (fp32)':>15}{'peak RSS':>10}{'before test':>13}")
+    for images, captions in sizes:
+        per = captions // images
+        out = subprocess.run([sys.executable, __file__, "--memory-child", str(images), str(per), str(batch)],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        features = (images * SIDE * SIDE + captions * TOKENS) * WIDTH * 2 / 2**30
+        print(f"{f'{images:,} x {captions:,}':<22}{features:>14.2f} G{images * captions * 4 / 2**30:>13.2f} G"
+              f"{r['peak_gib']:>8.2f} G{r['before_gib']:>11.2f} G")
 
 
 def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int, image_size: int) -> None:
@@ -107,21 +293,36 @@ def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int
 
 def main() -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=48)
-    p.add_argument("--captions", type=int, default=240)
-    p.add_argument("--locations", type=int, default=49)
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--width", type=int, default=384)
+    p.add_argument("--sections", nargs="+", default=["loss", "scoring", "memory", "cache"],
+                   choices=["loss", "scoring", "memory", "cache"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (loss and scoring sections)")
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="training batch sizes (loss section)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--eval-images", type=int, default=128)
+    p.add_argument("--eval-captions", type=int, default=1024)
+    p.add_argument("--memory-sizes", nargs="+", default=["1000x5000", "5000x25000"])
     p.add_argument("--text-encoder", default="minilm")
     p.add_argument("--backbone", default="efficientnet_lite0")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--memory-child", type=int, nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.memory_child:
+        memory_child(*args.memory_child)
+        return
     warnings.filterwarnings("ignore")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, numpy {np.__version__}")
-    bench_match_map(args.images, args.captions, args.locations, args.tokens, args.width)
-    bench_feature_cache(args.text_encoder, args.backbone, args.batch, args.steps, args.image_size)
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, numpy {np.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    if "loss" in args.sections:
+        bench_training_loss(args.batches, args.repeats, device)
+    if "scoring" in args.sections:
+        bench_scoring(args.eval_images, args.eval_captions, [(64, 256), (128, 512), (32, 128)], args.repeats, device)
+    if "memory" in args.sections:
+        bench_eval_memory([tuple(int(x) for x in s.split("x")) for s in args.memory_sizes], batch=100)
+    if "cache" in args.sections:
+        bench_feature_cache(args.text_encoder, args.backbone, args.batch, args.steps, args.image_size)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ class CaptionRetrievalModule(GroundingModule):
     """Shared wiring of caption-retrieval training stages: feature cache, eval accumulation, metrics.
 
     Subclasses provide ``encode_images(images)``, ``encode_texts(ids, mask) -> (feats, mask)``,
-    ``batch_similarity(img, txt, mask) -> (B,B)`` and ``eval_scores(img, txt, mask) -> (I,N)``.
+    ``batch_similarity(img, txt, mask) -> (B,B)`` and ``eval_scores(img, txt, mask) -> (I,N)``; the latter reads
+    its inputs (tensors or :class:`RowPieces`) by row slices (``img[a:b]``; ``txt[:]`` for all rows).
     """
 
     monitor = "val/rsum"
@@ -83,17 +84,22 @@ class CaptionRetrievalModule(GroundingModule):
         store = self._eval.pop(split, [])
         if not store:
             return
+        # The batches' features are scored where they are (no concatenated copy): at COCO 5K x 25K the fp16
+        # features are ~2 GB, held once; blocks are assembled from them as the scorer goes.
         img, image_index, txt, mask, cap_index = collect_eval_outputs(store)
+        del store
         if gdist.is_distributed():  # every rank scores the whole split (identical logged values)
             dev = self.device
+            img, txt, mask = img[:], txt[:], mask[:]
             img, image_index, txt, mask, cap_index = (gdist.gather_no_grad(t.to(dev)).cpu()
                                                       for t in (img, image_index, txt, mask, cap_index))
             img, image_index, txt, mask, cap_index = drop_sampler_repeats(img, image_index, txt, mask, cap_index)
-        order = torch.argsort(image_index)
-        img, image_index = img[order], image_index[order]
+            order = torch.argsort(image_index)
+            img, image_index = img[order], image_index[order]
         rows = torch.searchsorted(image_index, cap_index)  # split image index -> score-matrix row
         with torch.no_grad():
             scores = self.eval_scores(img, txt, mask)
+        del img, txt, mask  # ranking reads the scores only
         metrics = retrieval_metrics(scores, rows, fold_size=self.eval_fold_size)
         if split == "test":  # kept for the leaderboard, columns in the split's flat caption order
             self.scored[split] = flat_caption_order(scores, rows)
@@ -107,26 +113,61 @@ class CaptionRetrievalModule(GroundingModule):
 def flat_caption_order(scores: torch.Tensor, rows: torch.Tensor) -> RetrievalScores:
     """A score matrix (I, N) with its columns in the split's flat caption order (image by image, each image's
     captions in file order): a stable sort by image undoes the distributed sampler's interleaving, since each
-    image's captions arrive together, in order, in one eval item."""
+    image's captions arrive together, in order, in one eval item. Already in order (one process), the matrix
+    is kept as it is, not copied."""
     order = torch.argsort(rows, stable=True)
+    if torch.equal(order, torch.arange(len(order))):
+        return RetrievalScores(scores.float().cpu(), rows.cpu(), torch.arange(len(rows)))
     return RetrievalScores(scores[:, order].float().cpu(), rows[order].cpu(), torch.arange(len(rows)))
 
 
-def pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate along dim 0, zero-padding dim 1 (caption length differs between batches)."""
-    if tensors[0].dim() < 2:
-        return torch.cat(tensors)
-    t_max = max(t.shape[1] for t in tensors)
-    return torch.cat([nn.functional.pad(t, [0, 0] * (t.dim() - 2) + [0, t_max - t.shape[1]]) for t in tensors])
+class RowPieces:
+    """Several batches' tensors read as one (N, L, ...) tensor whose dim 1 is zero-padded to the longest, in an
+    optional row order, without concatenating them: ``rows[a:b]`` assembles just those rows. The evaluation
+    scorers slice their blocks from it, so a split's features exist once (COCO 5K x 25K: ~2 GB of fp16), never
+    twice while a concatenated or reordered copy is built."""
+
+    def __init__(self, pieces: list[torch.Tensor], order: torch.Tensor | None = None):
+        self.pieces = pieces
+        sizes = torch.tensor([len(p) for p in pieces])
+        self._ends = sizes.cumsum(0)
+        self._starts = self._ends - sizes
+        self.order = order  # row r of the whole = source row order[r] (arrival order when None)
+        first = pieces[0]
+        trailing = ((max(p.shape[1] for p in pieces),) + tuple(first.shape[2:])) if first.dim() > 1 else ()
+        self.shape = torch.Size((int(sizes.sum()),) + trailing)
+        self.dtype, self.device = first.dtype, first.device
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        if not isinstance(rows, slice):
+            raise TypeError(f"RowPieces is read by row slices; got {type(rows).__name__}")
+        source = torch.arange(len(self))[rows] if self.order is None else self.order[rows]
+        piece = torch.searchsorted(self._ends, source, right=True)
+        out = torch.zeros((len(source),) + tuple(self.shape[1:]), dtype=self.dtype)
+        for p in piece.unique().tolist():  # the few batches a block touches
+            at = (piece == p).nonzero().squeeze(1)
+            part = self.pieces[p][source[at] - self._starts[p]]
+            if part.dim() > 1:
+                out[at, :part.shape[1]] = part
+            else:
+                out[at] = part
+        return out
 
 
-def collect_eval_outputs(store):
-    img = torch.cat([s["img"] for s in store])
+def collect_eval_outputs(store: list[dict]):
+    """The evaluation outputs of every batch, as stored: images (:class:`RowPieces` in split image order, the score
+    matrix's row order) and their sorted split indices, captions and word masks (:class:`RowPieces`, arrival
+    order) and each caption's split image index."""
     image_index = torch.cat([s["image_index"] for s in store])
-    txt = pad_cat([s["txt"] for s in store])
-    mask = pad_cat([s["mask"] for s in store])
+    order = torch.argsort(image_index)
+    images = RowPieces([s["img"] for s in store], order)
+    captions = RowPieces([s["txt"] for s in store])
+    masks = RowPieces([s["mask"] for s in store])
     cap_index = torch.cat([s["caption_image_index"] for s in store])
-    return img, image_index, txt, mask, cap_index
+    return images, image_index[order], captions, masks, cap_index
 
 
 def drop_sampler_repeats(img, image_index, txt, mask, cap_index):

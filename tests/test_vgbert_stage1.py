@@ -12,7 +12,9 @@ from run_helpers import FakeImages
 from grounding import feature_cache as fcache
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.vgbert.baseline import DualEncoder
-from grounding.vgbert.match_map import chunked_match_scores, match_map, match_map_scores, pair_loop_scores
+from grounding.caption_retrieval import collect_eval_outputs
+from grounding.vgbert.match_map import (chunked_match_scores, einsum_match_scores, match_map, match_map_scores,
+                                       pair_loop_scores)
 from grounding.vgbert.pretrain import MatchMapGrounding
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
@@ -62,6 +64,79 @@ def test_chunked_scores_equal_unchunked_and_pair_loop():
     (s1 * torch.arange(77.0).reshape(7, 11)).sum().backward()
     (s2 * torch.arange(77.0).reshape(7, 11)).sum().backward()
     assert torch.allclose(v1.grad, v2.grad, atol=1e-4) and torch.allclose(w1.grad, w2.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_sparse_match_map_backward_passes_gradcheck(reduction):
+    # float64, masked words, images in chunks of 2: the sparse backward is the derivative of the forward
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(5, 7, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 3, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    mask = torch.rand(4, 3, generator=g) > 0.3
+    mask[:, 0] = True
+    assert torch.autograd.gradcheck(lambda a, b: match_map_scores(a, b, mask, reduction, max_elements=2 * 4 * 7 * 3),
+                                    (v, w))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_sparse_match_map_equals_dense_einsum(reduction, ties):
+    # Integer features make many locations tie for a word's maximum: the gradient is split evenly among them,
+    # exactly as autograd's amax does in the dense einsum version.
+    g = torch.Generator().manual_seed(2)
+    if ties:
+        v = torch.randint(-2, 3, (6, 9, 4), generator=g).double()
+        w = torch.randint(-2, 3, (7, 5, 4), generator=g).double()
+    else:
+        v, w = torch.randn(6, 9, 4, generator=g).double(), torch.randn(7, 5, 4, generator=g).double()
+    mask = torch.rand(7, 5, generator=g) > 0.3
+    weights = torch.randn(6, 7, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (lambda a, b: match_map_scores(a, b, mask, reduction, max_elements=3 * 7 * 9 * 5),
+               lambda a, b: einsum_match_scores(a, b, mask, reduction)):
+        a, b = v.clone().requires_grad_(), w.clone().requires_grad_()
+        s = fn(a, b)
+        (s * weights).sum().backward()
+        grads.append((s.detach(), a.grad, b.grad))
+    (s1, gv1, gw1), (s2, gv2, gw2) = grads
+    assert torch.allclose(s1, s2, atol=1e-12)
+    assert torch.allclose(gv1, gv2, atol=1e-12) and torch.allclose(gw1, gw2, atol=1e-12)
+    if ties:  # the case is not vacuous: some counted word ties over locations in some pair
+        m = torch.einsum("ind,jtd->ijnt", v, w)
+        assert ((m == m.amax(2, keepdim=True)).sum(2) > 1).any()
+
+
+def test_sparse_match_map_one_side_trainable():
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(3, 4, 5, generator=g, requires_grad=True)
+    w = torch.randn(2, 3, 5, generator=g)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    match_map_scores(v, w, mask).sum().backward()
+    a = v.detach().clone().requires_grad_()
+    einsum_match_scores(a, w, mask).sum().backward()
+    assert torch.allclose(v.grad, a.grad, atol=1e-6)
+
+
+def test_eval_outputs_read_in_split_order_without_concatenating():
+    g = torch.Generator().manual_seed(4)
+    # three batches arrive out of order, with different caption lengths
+    image_index = [torch.tensor([4, 1]), torch.tensor([0, 3]), torch.tensor([2])]
+    store = [dict(img=torch.randn(len(ix), 3, 2, generator=g), image_index=ix,
+                  txt=torch.randn(2 * len(ix), t, 2, generator=g), mask=torch.ones(2 * len(ix), t, dtype=torch.bool),
+                  caption_image_index=ix.repeat_interleave(2)) for ix, t in zip(image_index, (3, 5, 2))]
+    expect_img = torch.cat([s["img"] for s in store])[torch.argsort(torch.cat(image_index))]
+    expect_txt = [s["txt"] for s in store]
+    img, ix, txt, mask, cap = collect_eval_outputs(store)
+    assert ix.tolist() == [0, 1, 2, 3, 4] and img.shape == (5, 3, 2) and torch.equal(img[:], expect_img)
+    assert torch.equal(img[1:4], expect_img[1:4]) and torch.equal(img[3:], expect_img[3:])
+    assert all(a is s["img"] for a, s in zip(img.pieces, store))  # the batches themselves, not copies
+    assert txt.shape == (10, 5, 2) and torch.equal(txt[:4][:, :3], expect_txt[0]) and torch.equal(txt[4:8], expect_txt[1])
+    assert not txt[:4][:, 3:].any() and mask[:].sum(1).tolist() == [3] * 4 + [5] * 4 + [2] * 2
+    assert torch.equal(txt[3:6][1:], txt[:][4:6])
+    assert cap.tolist() == [4, 4, 1, 1, 0, 0, 3, 3, 2, 2]
+    # the block scorer reads them by slices: same scores as from concatenated tensors
+    dense = chunked_match_scores(img[:], txt[:], mask[:], "mean")
+    assert torch.allclose(chunked_match_scores(img, txt, mask, "mean", image_chunk=2, text_chunk=3), dense)
 
 
 # ------------------------------------------------------------------------------ loss (Eq. 2)

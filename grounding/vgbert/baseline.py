@@ -93,7 +93,7 @@ class DualEncoderBaseline(CaptionRetrievalModule):
     def eval_scores(self, img, txt, mask):
         # (I,p) x (N,p): one matmul per image block keeps the 5K x 25K case bounded.
         out = torch.empty(img.shape[0], txt.shape[0])
-        t = txt.to(self.device, torch.float32)
+        t = txt[:].to(self.device, torch.float32)
         for a in range(0, img.shape[0], 1024):
             out[a:a + 1024] = (img[a:a + 1024].to(self.device, torch.float32) @ t.t()).cpu()
         return out

@@ -64,6 +64,10 @@ class MatchMapGrounding(RecordedNet):
         return words, word_mask(input_ids, attention_mask, self.special_ids)
 
 
+# Evaluation blocks (images x captions) by device when not configured: small blocks keep a CPU's memory low
+# at full speed, a GPU needs larger ones to approach its GEMM rate (make bench, "match-map scoring").
+EVAL_BLOCKS = {"cpu": (64, 256), "cuda": (128, 512)}
+
 LOSS_TERMS = {"both": (True, True), "l": (True, False), "v": (False, True)}
 
 
@@ -80,14 +84,16 @@ class GroundingPretrain(CaptionRetrievalModule):
     "v"), word_reduction over words in Eq. 1 ["sum" (the paper's Eq. 1 as written); "mean" averages over
     the valid tokens, as the official code does (stage1_paper.yaml)],
     feature_cache [True], max_match_elements (memory cap of the training match-map einsum),
-    eval_image_chunk / eval_text_chunk (evaluation blocks), eval_fold_size (COCO-1K folds; automatic
+    eval_image_chunk / eval_text_chunk (evaluation blocks; null = by device: 64 x 256 on a CPU, 196 MiB of fp32
+    match maps at 14x14 / T=16, ~90 % of the GEMM rate; 128 x 512 on a GPU, 65 % on an H100; make bench),
+    eval_fold_size (COCO-1K folds; automatic
     at >= 5K images).
     """
 
     def __init__(self, net: MatchMapGrounding, temperature: float = 0.1, use_loss_l: bool = True,
                  use_loss_v: bool = True, loss_terms: str | None = None, word_reduction: str = "sum",
                  feature_cache: bool = True, feature_cache_dir: str | None = None, max_match_elements: int = 1 << 28,
-                 eval_image_chunk: int = 128, eval_text_chunk: int = 512, eval_fold_size: int | None = None,
+                 eval_image_chunk: int | None = None, eval_text_chunk: int | None = None, eval_fold_size: int | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler, feature_cache, feature_cache_dir, eval_fold_size)
         if loss_terms is not None:  # one switch for sweeps: "both" | "l" | "v" (App. A.2 Table 2)
@@ -117,5 +123,6 @@ class GroundingPretrain(CaptionRetrievalModule):
 
     def eval_scores(self, img, txt, mask):
         h = self.hparams
-        return chunked_match_scores(img, txt, mask, h.word_reduction, h.eval_image_chunk, h.eval_text_chunk,
-                                    device=self.device)
+        image_chunk, text_chunk = EVAL_BLOCKS["cuda" if self.device.type == "cuda" else "cpu"]
+        return chunked_match_scores(img, txt, mask, h.word_reduction, h.eval_image_chunk or image_chunk,
+                                    h.eval_text_chunk or text_chunk, device=self.device)
