@@ -11,7 +11,8 @@
    of the paper's shapes, at 1K images x 5K captions and 5K x 25K (COCO 5K). On a CPU the full scoring is
    10^14-10^15 FLOPs, so the scorer runs for real on one image chunk x one caption chunk (its transient
    memory is the same for every block) and the rest of the score matrix is filled at random before ranking.
-4. **Feature cache**: stage-1 training steps/s with the frozen backbone recomputed vs read from the cache.
+4. **Feature cache**: stage-1 training steps through ``trainer.fit`` on the Flickr8k photos with the frozen
+   backbone recomputed (JPEG decoding included) vs read from the cache, and the cached steps' top operators.
 
     python benchmarks/bench_vgbert.py [--sections loss scoring memory cache] [--device cuda]
 """
@@ -19,7 +20,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import resource
 import statistics
 import subprocess
@@ -30,15 +34,17 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from official_vgbert_loss import official_match_map_loss  # noqa: E402
 
-from grounding import feature_cache as fcache  # noqa: E402
 from grounding.losses import cross_modal_contrastive_loss  # noqa: E402
+from grounding.paths import resolve_path  # noqa: E402
 from grounding.vgbert import GroundingPretrain, MatchMapGrounding  # noqa: E402
 from grounding.vgbert.match_map import (  # noqa: E402
     chunked_match_scores,
@@ -210,8 +216,6 @@ def _collate(per: int):
 
 def memory_child(images: int, captions_per_image: int, batch: int) -> None:
     """Runs in a fresh process: the test loop of stage 1 on random paper-shape features; prints JSON."""
-    import lightning.pytorch as pl  # noqa: PLC0415 - only the child process needs Lightning's Trainer
-
     warnings.filterwarnings("ignore")
     net = MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
                             trainable_layers=1, image_size=32)
@@ -242,53 +246,87 @@ def bench_eval_memory(sizes: list[tuple[int, int]], batch: int) -> None:
               f"{r['peak_gib']:>8.2f} G{r['before_gib']:>11.2f} G")
 
 
-def bench_feature_cache(text_encoder: str, backbone: str, batch: int, steps: int, image_size: int) -> None:
+class _StepClock(Callback):
+    """Wall time between consecutive training-batch ends: a whole step, the batch's loading included."""
+
+    def __init__(self):
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.ends.append(time.perf_counter())
+
+    def step_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self.ends, self.ends[1:])]  # the first step (warm-up) is not counted
+
+
+def _stage1_fit(data, backbone: str, cache: bool, cache_dir: str, steps: int, profile_top: int = 0,
+                visual_dropout: float | None = 0.0):
+    """Fit stage 1 (MiniLM, top 4 layers trained, as the Flickr8k config) for ``steps`` + 1 batches; the median
+    seconds of the steps after the first, and the profile's top operators when asked. ``visual_dropout``: the
+    visual attention's dropout on attention probabilities and inside its FFN (0: the paper config's official
+    layout; None: = dropout, the tiny / Flickr8k configs')."""
     torch.manual_seed(0)
-    heads = 12 if text_encoder != "tiny-random" else 4
-    weights = "default" if backbone == "efficientnet_lite0" else None
-    module = GroundingPretrain(MatchMapGrounding(text_encoder=text_encoder, backbone=backbone, backbone_weights=weights,
-                                                 visual_heads=heads, trainable_layers=2, dropout=0.1,
-                                                 image_size=image_size))
-    module.log = lambda *a, **k: None
-    opt = torch.optim.Adam(module.trainable_parameters(), 1e-4)
-
-    class Pixels:  # a dataset of deterministic "images" in the contract-B shape
-        def __init__(self, n):
-            self.image_paths = [f"synthetic_{i}" for i in range(n)]
-            self.transform = "synthetic"
-
-        def load_image(self, index):
-            return torch.randn(3, image_size, image_size, generator=torch.Generator().manual_seed(int(index)))
-
-    n = batch * steps
-    data = Pixels(n)
-    ids = torch.randint(1000, 2000, (batch, 16))
-    ids[:, 0], ids[:, -1] = 101, 102
-    att = torch.ones_like(ids)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    weights = "default" if backbone == "efficientnet_lite0" else None  # VGG16's ImageNet file is not offline
+    with contextlib.redirect_stderr(io.StringIO()):  # the weight-loading progress bar
+        net = MatchMapGrounding(text_encoder="minilm", backbone=backbone, backbone_weights=weights, trainable_layers=4,
+                                dropout=0.1, normalize=True, visual_heads=12, visual_attention_dropout=visual_dropout,
+                                visual_ffn_dropout=visual_dropout)
+    module = GroundingPretrain(net, word_reduction="sum", feature_cache=cache, feature_cache_dir=cache_dir)
+    clock = _StepClock()
     with tempfile.TemporaryDirectory() as root:
-        t0 = time.perf_counter()
-        loader = fcache.build_or_load(module.model.visual.backbone, data, root, batch_size=batch)
-        t_build = time.perf_counter() - t0
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps + 1, limit_val_batches=0, num_sanity_val_steps=0,
+                             logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[clock],
+                             default_root_dir=root)
+        table = ""
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # fit's own lines
+            if profile_top:
+                with torch.profiler.profile() as prof:
+                    trainer.fit(module, data())
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile_top)
+            else:
+                trainer.fit(module, data())
+    timed = clock.step_seconds()
+    return (statistics.median(timed) if timed else float("nan")), table
 
-        def run(use_cache: bool) -> float:
+
+def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_top: int) -> None:
+    """Stage-1 training steps through the real fit loop (DataLoader, JPEG decoding, Lightning, Adam) on Flickr8k
+    photos: the frozen backbone recomputed on pixels vs its maps read from the cache, per backbone."""
+    from data_modules import FlickrDataModule  # noqa: PLC0415 - data modules are needed by this section only
+
+    root = resolve_path("../shared/data/flickr8k")
+    if not (Path(root) / "Flickr8k.token.1000img.txt").is_file():
+        print(f"\n[stage-1 training, feature cache] skipped: the Flickr8k photos are not in {root}")
+        return
+    images = batch * (steps + 1)  # the training photos the timed fit reads (the cache holds them and the dev split)
+
+    def data():  # a fresh DataModule per fit: the cache swaps the image loading of the datasets it is given
+        return FlickrDataModule(root=str(root), captions_file="Flickr8k.token.1000img.txt", batch_size=batch,
+                                eval_batch_size=batch, num_workers=0, train_subset=images, test_subset=batch)
+
+    print(f"\n[stage-1 training through trainer.fit, Flickr8k photos (JPEG, 224px crops), MiniLM with its top 4 layers "
+          f"trained, batch {batch}, median of {steps} steps after one]")
+    print(f"{'backbone':<34}{'cache build':>12}{'recompute':>11}{'cached':>9}{'speed-up':>10}"
+          f"{'cached, attention-probability dropout':>40}{'speed-up':>10}")
+    profiles = []
+    for backbone in backbones:
+        with tempfile.TemporaryDirectory() as cache_dir:
             t = time.perf_counter()
-            for s in range(steps):
-                idx = torch.arange(s * batch, (s + 1) * batch)
-                images = loader.lookup(idx) if use_cache else torch.stack([data.load_image(int(i)) for i in idx])
-                loss = module.training_step({"images": images, "input_ids": ids, "attention_mask": att,
-                                             "image_index": idx}, s)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            return steps / (time.perf_counter() - t)
-
-        run(True)  # warm-up
-        cached, recompute = run(True), run(False)
-    print(f"\n[stage-1 training] {text_encoder} + {backbone} ({image_size}px), batch {batch}, {steps} steps; "
-          f"cache build for {n} images: {t_build:.2f}s")
-    print(f"{'variant':<32}{'steps/s':>10}{'speed-up':>10}")
-    print(f"{'recompute frozen backbone':<32}{recompute:>10.3f}{1.0:>9.2f}x")
-    print(f"{'feature cache (memmap fp16)':<32}{cached:>10.3f}{cached / recompute:>9.2f}x")
+            _stage1_fit(data, backbone, True, cache_dir, 0)  # builds the cache (train subset, dev, test subset)
+            build = time.perf_counter() - t
+            recompute, _ = _stage1_fit(data, backbone, False, cache_dir, steps)
+            cached, after = _stage1_fit(data, backbone, True, cache_dir, steps, profile_top)
+            legacy, before = _stage1_fit(data, backbone, True, cache_dir, steps, profile_top, visual_dropout=None)
+        name = backbone + (" (random weights)" if backbone == "vgg16" else "")
+        print(f"{name:<34}{build:>11.1f}s{recompute:>10.3f}s{cached:>8.3f}s{recompute / cached:>9.2f}x"
+              f"{legacy:>39.3f}s{recompute / legacy:>9.2f}x")
+        profiles += [(backbone, "official visual dropout (paper config)", after),
+                     (backbone, "dropout on the visual attention probabilities too (tiny / Flickr8k configs)", before)]
+    print("(seconds per step; the recompute and cached columns use the paper config's visual dropout)")
+    for backbone, variant, profile in profiles:
+        if profile:
+            print(f"\ntop {profile_top} operators of the cached steps, {backbone}, {variant} (self CPU time):\n{profile}")
 
 
 def main() -> None:
@@ -301,11 +339,11 @@ def main() -> None:
     p.add_argument("--eval-images", type=int, default=128)
     p.add_argument("--eval-captions", type=int, default=1024)
     p.add_argument("--memory-sizes", nargs="+", default=["1000x5000", "5000x25000"])
-    p.add_argument("--text-encoder", default="minilm")
-    p.add_argument("--backbone", default="efficientnet_lite0")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--backbones", nargs="+", default=["efficientnet_lite0", "vgg16"],
+                   help="frozen backbones of the cache section (vgg16 = the paper's, random weights)")
+    p.add_argument("--batch", type=int, default=64, help="training batch (cache section; the Flickr8k config's)")
+    p.add_argument("--steps", type=int, default=4, help="timed training steps per variant (cache section)")
+    p.add_argument("--profile-top", type=int, default=6, help="operators listed from the cached steps' profile")
     p.add_argument("--memory-child", type=int, nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.memory_child:
@@ -322,7 +360,7 @@ def main() -> None:
     if "memory" in args.sections:
         bench_eval_memory([tuple(int(x) for x in s.split("x")) for s in args.memory_sizes], batch=100)
     if "cache" in args.sections:
-        bench_feature_cache(args.text_encoder, args.backbone, args.batch, args.steps, args.image_size)
+        bench_feature_cache(args.backbones, args.steps, args.batch, args.profile_top)
 
 
 if __name__ == "__main__":

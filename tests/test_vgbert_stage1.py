@@ -395,3 +395,18 @@ def test_stage1_paper_config_follows_the_paper_data_and_the_official_code():
     assert karpathy["data"]["init_args"]["layout"] == "karpathy"
     tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml")  # keeps its documented switch
     assert tiny["model"]["init_args"]["word_reduction"] == "sum"
+
+
+def test_visual_attention_dropout_layout_official_and_recorded():
+    # Official SpatialSelfAttention: dropout on the two residual branches only; None keeps nn.TransformerEncoderLayer's
+    # layout (also on the attention probabilities and inside the FFN), the suite's recorded runs.
+    official = VisualStream(32, "tiny_cnn", None, 4, dropout=0.3, image_size=64, attention_dropout=0.0, ffn_dropout=0.0)
+    layer = official.attention
+    assert (layer.self_attn.dropout, layer.dropout.p, layer.dropout1.p, layer.dropout2.p) == (0.0, 0.0, 0.3, 0.3)
+    recorded = VisualStream(32, "tiny_cnn", None, 4, dropout=0.3, image_size=64).attention
+    assert (recorded.self_attn.dropout, recorded.dropout.p, recorded.dropout1.p, recorded.dropout2.p) == (0.3,) * 4
+    # with the residual dropout off, the official layout is deterministic in training mode
+    quiet = VisualStream(32, "tiny_cnn", None, 4, dropout=0.0, image_size=64, attention_dropout=0.0, ffn_dropout=0.0)
+    quiet.train()
+    x = torch.randn(2, quiet.in_channels, 2, 2)
+    assert torch.equal(quiet(features=x), quiet(features=x))

@@ -43,7 +43,12 @@ class VisualStream(nn.Module):
             pretrained), ``tiny_cnn`` or ``timm:<name>`` (see grounding.encoders).
         backbone_weights: "default", a state-dict path, or None (random init).
         num_heads: attention heads; must divide ``width``.
-        dropout: dropout of the self-attention layer (attention weights, FFN and residual paths).
+        dropout: dropout of the self-attention layer's two residual branches (after the attention's output
+            projection and after the FFN), as the official ``SpatialSelfAttention``.
+        attention_dropout / ffn_dropout: dropout on the attention probabilities / between the FFN's two layers;
+            None = ``dropout`` (``nn.TransformerEncoderLayer``'s layout, the suite's recorded runs), 0 = none (the
+            official code). On a CPU, dropout on the (B, heads, N, N) probabilities makes the attention ~10x
+            slower at 14x14 locations (``make bench``, feature cache).
         image_size: the input crop size; with the backbone stride it sets the positional grid
             (a map of another size interpolates the encoding bilinearly).
         position_std: initial std of the positional encoding, relative to the layer-normalised
@@ -51,7 +56,8 @@ class VisualStream(nn.Module):
     """
 
     def __init__(self, width: int = 768, backbone: str = "vgg16", backbone_weights: str | None = "default",
-                 num_heads: int = 12, dropout: float = 0.1, image_size: int = 224, position_std: float = 0.5):
+                 num_heads: int = 12, dropout: float = 0.1, image_size: int = 224, position_std: float = 0.5,
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
         super().__init__()
         check_heads(width, num_heads, "VisualStream")
         self.backbone = load_visual_backbone(backbone, weights=backbone_weights, freeze=True)
@@ -70,9 +76,11 @@ class VisualStream(nn.Module):
         self.embed_norm = nn.LayerNorm(width)
         self.position = nn.Parameter(torch.zeros(side, side, width))
         nn.init.trunc_normal_(self.position, std=position_std, a=-2 * position_std, b=2 * position_std)
-        # One Transformer encoder layer [Vaswani et al.]: 12 heads, FFN 4d, post-norm.
+        # One Transformer encoder layer [Vaswani et al.]: 12 heads, FFN 4d (ReLU), post-norm.
         self.attention = nn.TransformerEncoderLayer(width, num_heads, dim_feedforward=4 * width, dropout=dropout,
                                                     batch_first=True)
+        self.attention.self_attn.dropout = dropout if attention_dropout is None else attention_dropout
+        self.attention.dropout.p = dropout if ffn_dropout is None else ffn_dropout
 
     @property
     def in_channels(self) -> int:
