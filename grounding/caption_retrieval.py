@@ -84,8 +84,8 @@ class CaptionRetrievalModule(GroundingModule):
         store = self._eval.pop(split, [])
         if not store:
             return
-        # The batches' features are scored where they are (no concatenated copy): at COCO 5K x 25K the fp16
-        # features are ~2 GB, held once; blocks are assembled from them as the scorer goes.
+        # The batches' features are scored where they are (no concatenated copy in one process; DDP gathers full
+        # copies): at COCO 5K x 25K the fp16 features are ~2 GB, held once; blocks are assembled as the scorer goes.
         img, image_index, txt, mask, cap_index = collect_eval_outputs(store)
         del store
         if gdist.is_distributed():  # every rank scores the whole split (identical logged values)
@@ -124,8 +124,8 @@ def flat_caption_order(scores: torch.Tensor, rows: torch.Tensor) -> RetrievalSco
 class RowPieces:
     """Several batches' tensors read as one (N, L, ...) tensor whose dim 1 is zero-padded to the longest, in an
     optional row order, without concatenating them: ``rows[a:b]`` assembles just those rows. The evaluation
-    scorers slice their blocks from it, so a split's features exist once (COCO 5K x 25K: ~2 GB of fp16), never
-    twice while a concatenated or reordered copy is built."""
+    scorers slice their blocks from it, so in one process a split's features exist once (COCO 5K x 25K: ~2 GB
+    of fp16), never twice while a concatenated or reordered copy is built."""
 
     def __init__(self, pieces: list[torch.Tensor], order: torch.Tensor | None = None):
         self.pieces = pieces
@@ -144,7 +144,18 @@ class RowPieces:
     def __getitem__(self, rows: slice) -> torch.Tensor:
         if not isinstance(rows, slice):
             raise TypeError(f"RowPieces is read by row slices; got {type(rows).__name__}")
-        source = torch.arange(len(self))[rows] if self.order is None else self.order[rows]
+        start, stop, step = rows.indices(len(self))
+        if self.order is None and step == 1:  # consecutive rows: slices of the pieces they span, padded, joined
+            first = int(torch.searchsorted(self._ends, start, right=True))
+            parts = []
+            for p in range(first, len(self.pieces)):
+                if self._starts[p] >= stop:
+                    break
+                part = self.pieces[p][max(start - int(self._starts[p]), 0):stop - int(self._starts[p])]
+                pad = [0, 0] * (part.dim() - 2) + [0, self.shape[1] - part.shape[1]] if part.dim() > 1 else []
+                parts.append(nn.functional.pad(part, pad) if any(pad) else part)
+            return torch.cat(parts) if parts else torch.zeros((0,) + tuple(self.shape[1:]), dtype=self.dtype)
+        source = (torch.arange(len(self))[rows] if self.order is None else self.order[rows]).contiguous()
         piece = torch.searchsorted(self._ends, source, right=True)
         out = torch.zeros((len(source),) + tuple(self.shape[1:]), dtype=self.dtype)
         for p in piece.unique().tolist():  # the few batches a block touches

@@ -30,6 +30,8 @@ from grounding.utils.owner import owner_gone, owner_record, same_host
 LOCK_FILE = ".lock"
 FIT_CONFIG = "config.yaml"
 IGNORED_KEYS = ("ckpt_path", "overwrite")  # how a fit starts, not what it trains
+# How a model is evaluated, not what it trains (any nesting): evaluation block sizes.
+EVALUATION_ONLY_KEYS = ("eval_image_chunk", "eval_text_chunk")
 
 
 class RunFolderError(UserInputError):
@@ -54,10 +56,11 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 
 def config_differences(old: dict, new: dict) -> list[str]:
-    """Keys both configs set to different values (keys only one has, e.g. an option added to the code since, and
-    :data:`IGNORED_KEYS` do not count)."""
+    """Keys both configs set to different values (keys only one has, e.g. an option added to the code since,
+    :data:`IGNORED_KEYS` and :data:`EVALUATION_ONLY_KEYS` do not count)."""
     a, b = _flatten(old), _flatten(new)
-    return sorted(k for k in a.keys() & b.keys() if a[k] != b[k] and k.split(".")[0] not in IGNORED_KEYS)
+    return sorted(k for k in a.keys() & b.keys() if a[k] != b[k] and k.split(".")[0] not in IGNORED_KEYS
+                  and k.split(".")[-1] not in EVALUATION_ONLY_KEYS)
 
 
 RUN_RECORDS = ("checkpoints", FIT_CONFIG, "fit_record.json", "config.*.yaml", "metrics.*.json")

@@ -23,6 +23,10 @@ def test_config_differences_count_only_values_both_configs_set():
            "trainer": {"max_epochs": 2}, "overwrite": True}
     assert config_differences(old, new) == ["model.init_args.lr"]
     assert config_differences(old, old) == []
+    # evaluation block sizes do not change what a fit trains (their default moved from 128/512 to "by device")
+    blocks_old = {"model": {"init_args": {"eval_image_chunk": 128, "eval_text_chunk": 512}}}
+    blocks_new = {"model": {"init_args": {"eval_image_chunk": None, "eval_text_chunk": None}}}
+    assert config_differences(blocks_old, blocks_new) == []
 
 
 def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_path):

@@ -81,9 +81,8 @@ class MaxMatchScores(torch.autograd.Function):
             scores.append((best * weight.unsqueeze(-1)).sum(1).t())
             if not needs_grad:
                 continue
-            b, k, a, loc = (maps == best.unsqueeze(-1)).nonzero(as_tuple=True)  # every maximal location
-            keep = counted[b, k].nonzero().squeeze(1)  # counted words only (padding's gradient is 0)
-            b, k, a, loc = b[keep], k[keep], a[keep], loc[keep]
+            # every maximal location of a counted word (padding's gradient is 0; a zero-padded word ties everywhere)
+            b, k, a, loc = ((maps == best.unsqueeze(-1)) & counted[:, :, None, None]).nonzero(as_tuple=True)
             rows.append((a + start) * n + loc)
             cols.append(b * t + k)
             share = torch.ones(len(a), dtype=visual.dtype, device=visual.device)
@@ -126,7 +125,12 @@ def match_map_scores(visual: torch.Tensor, words: torch.Tensor, word_mask: torch
     if word_mask.shape != words.shape[:2]:
         raise ValueError(f"word_mask {tuple(word_mask.shape)} must match words {tuple(words.shape[:2])}")
     weight = word_weights(word_mask, reduction, visual.dtype)
-    return MaxMatchScores.apply(visual, words, weight, max_elements)
+    if torch.is_grad_enabled() and (visual.requires_grad or words.requires_grad):
+        return MaxMatchScores.apply(visual, words, weight, max_elements)
+    flat_words = words.reshape(-1, words.shape[-1])
+    chunk = _image_chunk(len(visual), visual.shape[1] * words.shape[0] * words.shape[1], max_elements)
+    return torch.cat([(_best_matches(flat_words, visual[a:a + chunk], len(words))[1] * weight.unsqueeze(-1)).sum(1).t()
+                      for a in range(0, len(visual), chunk)])
 
 
 def einsum_match_scores(visual: torch.Tensor, words: torch.Tensor, word_mask: torch.Tensor,

@@ -87,7 +87,7 @@ class GroundingPretrain(CaptionRetrievalModule):
     brackets): temperature tau [0.1], use_loss_l / use_loss_v [both] (or loss_terms "both" | "l" |
     "v"), word_reduction over words in Eq. 1 ["sum" (the paper's Eq. 1 as written); "mean" averages over
     the valid tokens, as the official code does (stage1_paper.yaml)],
-    feature_cache [True], max_match_elements (memory cap of the training match-map einsum),
+    feature_cache [True], max_match_elements (memory cap of the training match maps built at once),
     eval_image_chunk / eval_text_chunk (evaluation blocks; null = by device: 64 x 256 on a CPU, 196 MiB of fp32
     match maps at 14x14 / T=16, ~90 % of the GEMM rate; 128 x 512 on a GPU, 65 % on an H100; make bench),
     eval_fold_size (COCO-1K folds; automatic
