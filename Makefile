@@ -126,7 +126,7 @@ demo: install  ## generate the embedded world and run every stage on it at tiny 
 	  echo "== $$step done at +$$(( $$(date +%s) - start ))s"; done; \
 	echo "demo finished in $$(( $$(date +%s) - start ))s: outputs/ (checkpoints, search grid, COMPOSER graph and split), reports/, $(WORLD)/"
 
-bench: install  ## benchmarks: speed ratios measured side by side in one run (~10 min on 2 cores)
+bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores)
 	$(PY) benchmarks/bench_vgbert.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
