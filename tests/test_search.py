@@ -26,6 +26,27 @@ def test_search_head_is_mlp_mean_pooled_and_normalised():
     assert torch.allclose(head(x), F.normalize(lin2(torch.relu(lin1(x))).mean(1), dim=-1), atol=1e-6)  # Eq. 15
 
 
+def test_search_head_dropout_official_layout():
+    head = SearchHead(8, dropout=0.5)  # the official heads: Linear - ReLU - Dropout() - Linear
+    assert [type(m).__name__ for m in head.mlp] == ["Linear", "ReLU", "Dropout", "Linear"] and head.mlp[2].p == 0.5
+    assert [type(m).__name__ for m in SearchHead(8).mlp] == ["Linear", "ReLU", "Linear"]  # earlier checkpoints' keys
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(head.eval()(x), F.normalize(head.mlp[3](torch.relu(head.mlp[0](x))).mean(1), dim=-1))
+
+
+def test_search_paper_config_uses_the_official_transfer_settings():
+    from grounding.cli import resolved_config
+    from grounding.paths import EXPERIMENTS_DIR
+
+    paper = resolved_config(EXPERIMENTS_DIR / "vgbert" / "search_paper.yaml")
+    model = paper["model"]["init_args"]
+    assert model["head_dropout"] == 0.5 and model["optimizer"]["init_args"]["lr"] == 5.0e-5
+    assert paper["data"]["init_args"]["batch_size"] == 300 and paper["trainer"]["max_epochs"] == 150
+    sched = model["lr_scheduler"]["init_args"]
+    assert (sched["step_size"], sched["gamma"]) == (30, 0.5)
+    assert model["init_from"].endswith("stage2_paper/checkpoints/best.ckpt")
+
+
 def test_alpha_blending():
     q_i, q_w = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     assert torch.equal(multimodal_query(q_i, q_w, 0.0), q_i)
@@ -53,8 +74,13 @@ def _trainer(tmp_path, **kw):
     return L.Trainer(**args)
 
 
-@pytest.mark.parametrize("location", [dict(), dict(key_position="keys_values", spatial_centroid=True)],
-                         ids=["paper", "location-switches"])
+OFFICIAL_STAGE2 = dict(shared_object_transform=True, relation_dropout=0.1, classifier_hidden=16, classifier_dropout=0.1,
+                       cross_attention_dropout=0.0, query_key_bias=False, count_special_tokens=True,
+                       query_pooling="mean", visual_attention_dropout=0.0, visual_ffn_dropout=0.0)
+
+
+@pytest.mark.parametrize("location", [dict(), dict(key_position="keys_values", spatial_centroid=True), OFFICIAL_STAGE2],
+                         ids=["paper", "location-switches", "official-switches"])
 def test_search_heads_from_stage2_checkpoint(tmp_path, location):
     from grounding.checkpoints import CheckpointError
     from grounding.vgbert.finetune import RelationalFinetune
@@ -79,7 +105,7 @@ def test_search_heads_from_stage2_checkpoint(tmp_path, location):
         visual = stage2.model.eval().encode_images(images)
         b, h, w, d = visual.shape
         flat = visual.reshape(b, h * w, d)
-        if location:
+        if location.get("key_position"):
             flat = flat + sinusoidal_grid_encoding(h, w, d)
         torch.testing.assert_close(heads.search.eval().image_keys(images), attention.key(flat))
     # Everything but F_V / F_L is frozen.

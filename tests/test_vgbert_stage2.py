@@ -425,3 +425,115 @@ def test_spatial_switches_validated_and_paper_config_off():
         CrossModalAttention(32, 4, key_position="values")
     paper = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "experiments/vgbert/stage2_paper.yaml"))["model"]["init_args"]
     assert paper.get("key_position", "none") == "none" and not paper.get("spatial_centroid", False)
+
+
+# ------------------------------------------------------------------------------ the official code's choices (issue 12, item 4)
+def _official_relational_losses(scores, logits, predicate, labels, triplet_image, num_images, temperature):
+    """The authors' stage-2 losses (yizhen-zhang/VG-Bert, re-stated from steps/traintest.py and
+    models/ContrastiveLoss.py's relation_contrastive_loss): per image and per annotated pair, the pair's
+    softmax over the batch's pairs of other relations under its own R_p (Loss_obj) and the softmax over
+    relations (Loss_rel), summed and divided by the images; the object loss summed over labelled objects / B."""
+    loss_pair = loss_relation = 0.0
+    for b in range(num_images):
+        for n in (triplet_image == b).nonzero().flatten().tolist():
+            p = int(predicate[n])
+            negatives = [m for m in range(len(predicate)) if int(predicate[m]) != p]
+            z = torch.cat([scores[n, p:p + 1], scores[negatives, p]]) / temperature
+            loss_pair = loss_pair - torch.log_softmax(z, 0)[0]
+            loss_relation = loss_relation - torch.log_softmax(scores[n] / temperature, 0)[p]
+    ce = sum(F.cross_entropy(logits[i:i + 1], labels[i:i + 1]) for i in range(len(labels)) if labels[i] >= 0)
+    return loss_relation / num_images, loss_pair / num_images, ce / num_images
+
+
+def test_per_image_normalisation_equals_the_official_losses():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(9, 5, generator=g, dtype=torch.float64)
+    logits = torch.randn(7, 4, generator=g, dtype=torch.float64)
+    predicate = torch.tensor([0, 1, 1, 2, 4, 3, 0, 2, 1])
+    triplet_image = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2])  # 3 images with 4, 2 and 3 annotated pairs
+    subject, object = torch.arange(9), torch.arange(9) + 9  # one predicate per pair, as the official matrix
+    labels = torch.tensor([1, -1, 0, 3, 2, 2, -1])
+    ours = relational_losses(scores, logits, subject, object, predicate, labels, temperature=0.5,
+                             mask_same_pair=False, normalisation="image", num_images=3)
+    rel, obj, cls = _official_relational_losses(scores, logits, predicate, labels, triplet_image, 3, 0.5)
+    assert ours["loss_rel"].item() == pytest.approx(rel.item(), rel=1e-12)
+    assert ours["loss_obj"].item() == pytest.approx(obj.item(), rel=1e-12)
+    assert ours["loss_cls"].item() == pytest.approx(cls.item(), rel=1e-12)
+    # Per triplet: the same terms averaged instead (9 triplets, 5 labelled objects).
+    mean = relational_losses(scores, logits, subject, object, predicate, labels, temperature=0.5, mask_same_pair=False)
+    assert mean["loss_rel"].item() == pytest.approx(rel.item() * 3 / 9, rel=1e-12)
+    assert mean["loss_cls"].item() == pytest.approx(cls.item() * 3 / 5, rel=1e-12)
+    with pytest.raises(ValueError, match="num_images"):
+        relational_losses(scores, logits, subject, object, predicate, labels, normalisation="image")
+    with pytest.raises(ValueError, match="normalisation"):
+        relational_losses(scores, logits, subject, object, predicate, labels, normalisation="batch", num_images=3)
+
+
+def test_shared_object_transform_maps_subject_and_object_into_one_space():
+    torch.manual_seed(0)
+    rel = BilinearRelation(width=8, num_relations=3, dim=4, shared_transform=True)
+    assert not hasattr(rel, "subject_map") and isinstance(rel.object_transform, torch.nn.Linear)
+    grounded = torch.randn(5, 8)
+    r_s, r_o = rel.project(grounded, torch.tensor([0, 1, 2]), torch.tensor([1, 0, 4]))
+    # An object has one representation whatever its role: object 1 as subject (row 1) = as object (row 0).
+    assert torch.equal(r_s[1], r_o[0]) and torch.allclose(r_o[0], rel.object_transform(grounded[1]), atol=1e-6)
+    # S = r_s R_p r_o^T in that one space (Eq. 3), by hand for relation 2 of triplet 2.
+    expected = r_s[2] @ rel.relation_operator[2] @ r_o[2]
+    assert torch.allclose(rel(r_s, r_o)[2, 2], expected, atol=1e-6)
+    separate = BilinearRelation(width=8, num_relations=3, dim=4)
+    assert not hasattr(separate, "object_transform") and {"subject_map", "object_map"} <= set(dict(separate.named_children()))
+
+
+def test_relation_operator_dropout_in_training_only():
+    torch.manual_seed(0)
+    rel = BilinearRelation(width=8, num_relations=2, dim=4, operator_dropout=0.5)
+    r_s, r_o = torch.randn(6, 4), torch.randn(6, 4)
+    clean = bilinear_scores(r_s, r_o, rel.relation_operator)
+    assert torch.equal(rel.eval()(r_s, r_o), clean)
+    torch.manual_seed(1)
+    dropped = rel.train()(r_s, r_o)
+    torch.manual_seed(1)  # the same draw on the operators: entries of the normalised R_p zeroed, the rest x 1/(1-p)
+    operators = F.dropout(rel.relation_operator, 0.5, True)
+    kept = operators != 0
+    assert 0 < kept.sum() < kept.numel()
+    assert torch.allclose(operators[kept], rel.relation_operator[kept] * 2)
+    assert torch.allclose(dropped, bilinear_scores(r_s, r_o, operators), atol=1e-6)
+    assert not torch.allclose(dropped, clean)
+
+
+def test_official_classifier_and_attention_projections():
+    head = ObjectClassifier(16, 5, hidden=256, dropout=0.1)  # 768 -> 256 -> ReLU -> Dropout -> classes (official)
+    assert [type(m).__name__ for m in head] == ["Linear", "ReLU", "Dropout", "Linear"]
+    assert head[0].out_features == 256 and head[2].p == 0.1
+    att = CrossModalAttention(16, 4, query_key_bias=False)  # official key_visual / query_language: no bias
+    assert att.query.bias is None and att.key.bias is None and att.value.bias is not None
+
+
+def test_stage2_counts_special_tokens_in_the_pooled_description():
+    from grounding.vgbert.relational import VGBertRelational
+
+    arch = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2, image_size=64)
+    ids = torch.tensor([[101, 2158, 102, 0]])
+    mask = (ids != 0).long()
+    official = VGBertRelational(2, 3, **arch, count_special_tokens=True, query_pooling="mean")
+    assert official.encode_words(ids, mask)[1].tolist() == [[True, True, True, False]]
+    assert VGBertRelational(2, 3, **arch).encode_words(ids, mask)[1].tolist() == [[False, True, False, False]]
+
+
+def test_stage2_paper_config_follows_the_official_code_and_tiny_keeps_its_layout():
+    from grounding.cli import resolved_config
+    from grounding.paths import EXPERIMENTS_DIR
+
+    paper = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_paper.yaml")
+    net = paper["model"]["init_args"]["net"]["init_args"]
+    official = dict(shared_object_transform=True, relation_dropout=0.1, classifier_hidden=256, classifier_dropout=0.1,
+                    cross_attention_dropout=0.0, query_key_bias=False, count_special_tokens=True, query_pooling="mean",
+                    visual_attention_dropout=0.0, visual_ffn_dropout=0.0, relation_dim=32, dropout=0.1)
+    assert {k: net[k] for k in official} == official
+    assert paper["model"]["init_args"]["loss_normalisation"] == "image"
+    assert paper["model"]["init_args"]["init_from"].endswith("stage1_paper/checkpoints/best.ckpt")  # item 5
+    assert paper["data"]["init_args"]["validation"] == "carve"  # item 9: not the official test-split selection
+    tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml")
+    tnet = tiny["model"]["init_args"]["net"]["init_args"]
+    assert (tnet["shared_object_transform"], tnet["query_pooling"], tnet["relation_dropout"]) == (False, "tokens", 0.0)
+    assert tiny["model"]["init_args"]["loss_normalisation"] == "triplet"

@@ -22,7 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from grounding.checkpoints import load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.vgbert.relational import VGBertRelational, relational_losses
+from grounding.vgbert.relational import LOSS_NORMALISATION, VGBertRelational, relational_losses
 
 
 class RelationalFinetune(GroundingModule):
@@ -43,7 +43,9 @@ class RelationalFinetune(GroundingModule):
     temperature tau [1.0], use_loss_rel / use_loss_obj / use_object_loss [all; Table 5 switches one
     off], mask_same_pair (a pair's other annotated predicates are not its negatives) [True],
     drop_loss ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_*
-    switches), top_k [(1, 10)], feature_cache [True].
+    switches), loss_normalisation ["image": each term summed over the batch's triplets / objects and
+    divided by its images, as the official traintest.py (stage2_paper.yaml); "triplet" (default, the
+    recorded world runs): averaged over them], top_k [(1, 10)], feature_cache [True].
     """
 
     monitor = "val/relation_top1"
@@ -54,7 +56,8 @@ class RelationalFinetune(GroundingModule):
     def __init__(self, net: VGBertRelational, relation_labels: list[str], object_classes: list[str],
                  init_from: str | None = None, temperature: float = 1.0, use_loss_rel: bool = True,
                  use_loss_obj: bool = True, use_object_loss: bool = True, mask_same_pair: bool = True,
-                 drop_loss: str = "none", top_k: tuple[int, ...] = (1, 10), feature_cache: bool = True,
+                 drop_loss: str = "none", loss_normalisation: str = "triplet", top_k: tuple[int, ...] = (1, 10),
+                 feature_cache: bool = True,
                  feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
@@ -68,6 +71,8 @@ class RelationalFinetune(GroundingModule):
             raise ValueError("use_loss_rel, use_loss_obj and use_object_loss are all False: enable at least one.")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
+        if loss_normalisation not in LOSS_NORMALISATION:
+            raise ValueError(f"loss_normalisation must be one of {LOSS_NORMALISATION}; got {loss_normalisation!r}")
         if relation_labels is None or object_classes is None or len(relation_labels) < 2 or len(object_classes) < 2:
             raise ValueError("RelationalFinetune needs at least 2 relation labels and 2 object classes; got "
                              f"{relation_labels!r} / {object_classes!r}. The CLI links them from a "
@@ -123,7 +128,8 @@ class RelationalFinetune(GroundingModule):
         h = self.hparams
         return relational_losses(out["relation_scores"], out["object_logits"], batch["triplet_subject"],
                                  batch["triplet_object"], batch["triplet_predicate"], batch["object_labels"],
-                                 h.temperature, h.use_loss_rel, h.use_loss_obj, h.use_object_loss, h.mask_same_pair)
+                                 h.temperature, h.use_loss_rel, h.use_loss_obj, h.use_object_loss, h.mask_same_pair,
+                                 h.loss_normalisation, batch["images"].shape[0])
 
     def training_step(self, batch, batch_idx):
         out = self.model(batch)

@@ -8,15 +8,20 @@
   retrieve its own evidence (the colour, the animal) before they are combined. ``query_pooling=
   "mean"`` instead averages the token embeddings into one query per object.
 * :class:`BilinearRelation` (Eq. 3 / App. Eqs. 4-5): subject and object maps to d = 32 and one
-  bilinear ``relation_operator`` R_p per relation with ||R_p||_F = 1; S = r_s R_p r_oᵀ.
+  bilinear ``relation_operator`` R_p per relation with ||R_p||_F = 1; S = r_s R_p r_oᵀ. With
+  ``shared_transform`` one ``object_transform`` maps subject and object into the same d = 32 space
+  (the official ``CrossAttention.object_transform``; App. A.3.1's composition argument needs one
+  space), and ``operator_dropout`` drops entries of the normalised R_p in training (official: 0.1).
 * Engineering additions (off by default, i.e. the paper): ``key_position`` adds a fixed 2D sinusoidal
   encoding of each visual location to the keys ("keys") or keys and values ("keys_values") of the
   cross-modal attention (DETR-style), and ``spatial_centroid`` appends each object's attention
   centroid (the attention-weighted mean (x, y) of the grid cells, :func:`attention_centroid`) to the
   subject/object representation before the d = 32 maps. On the toy world, whose relations are purely
   positional, the pooled grounded vector alone kept too little location (README, stage 2).
-* :class:`ObjectClassifier`: the auxiliary two-layer head (FC-ReLU-FC).
-* :func:`relation_loss` (Eq. 4) and :func:`object_pair_loss` (Eq. 5), vectorised over triplets.
+* :class:`ObjectClassifier`: the auxiliary two-layer head (FC-ReLU-FC; official: 768 -> 256 -> ReLU
+  -> Dropout 0.1 -> classes).
+* :func:`relation_loss` (Eq. 4) and :func:`object_pair_loss` (Eq. 5), vectorised over triplets;
+  :func:`relational_losses` averages them per triplet or, as the official code, sums them per image.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.encoders import load_tokenizer
 from grounding.nets import RecordedNet
 from grounding.precision import full_precision
-from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
+from grounding.vgbert.streams import LanguageStream, VisualStream, special_token_ids, word_mask
 
 QUERY_POOLING = ("tokens", "mean")
 KEY_POSITION = ("none", "keys", "keys_values")
+LOSS_NORMALISATION = ("triplet", "image")
 
 
 def grid_coordinates(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -87,10 +92,12 @@ class CrossModalAttention(nn.Module):
         key_position: "none" (the paper), "keys" or "keys_values": add a fixed 2D sinusoidal
             encoding of the location (:func:`sinusoidal_grid_encoding`) to the visual tokens before
             the key (and value) projections, so attention and grounded vector know where they look.
+        query_key_bias: biases on W_Q / W_K (the paper's Eq. 1 has none and the official
+            ``CrossAttention`` leaves them out; the value projection keeps its bias in both).
     """
 
     def __init__(self, width: int, num_heads: int = 8, dropout: float = 0.0, query_pooling: str = "tokens",
-                 key_position: str = "none"):
+                 key_position: str = "none", query_key_bias: bool = True):
         super().__init__()
         if num_heads < 1 or width % num_heads:
             divisors = [h for h in range(1, min(width, 32) + 1) if width % h == 0]
@@ -107,8 +114,8 @@ class CrossModalAttention(nn.Module):
         self.dropout = dropout
         self.query_pooling = query_pooling
         # W_Q^i, W_K^i, W_V^i of all heads side by side (App. A.3.1 Eq. 1).
-        self.query = nn.Linear(width, width)
-        self.key = nn.Linear(width, width)
+        self.query = nn.Linear(width, width, bias=query_key_bias)
+        self.key = nn.Linear(width, width, bias=query_key_bias)
         self.value = nn.Linear(width, width)
 
     def keys(self, visual: torch.Tensor) -> torch.Tensor:
@@ -207,15 +214,26 @@ class BilinearRelation(nn.Module):
     columns are their own ``Linear(spatial, d)`` so they start at their fan-in's init scale (a
     2-number input inside a 386-wide map would start ~14x smaller and Adam could not grow it
     within a short run).
+
+    ``shared_transform``: one ``object_transform`` (width -> d) for subject and object, as the
+    official code; otherwise separate ``subject_map`` / ``object_map``. ``operator_dropout``:
+    dropout on the entries of the normalised R_p while training (official: the model's 0.1).
     """
 
-    def __init__(self, width: int, num_relations: int, dim: int = 32, spatial: int = 0):
+    def __init__(self, width: int, num_relations: int, dim: int = 32, spatial: int = 0,
+                 shared_transform: bool = False, operator_dropout: float = 0.0):
         super().__init__()
         if num_relations < 1:
             raise ValueError(f"BilinearRelation needs at least one relation label; got num_relations={num_relations}.")
         self.dim = dim
-        self.subject_map = nn.Linear(width, dim)
-        self.object_map = nn.Linear(width, dim)
+        self.shared_transform = shared_transform
+        self.operator_dropout = operator_dropout
+        if shared_transform:
+            self.object_transform = nn.Linear(width, dim)
+        else:
+            self.subject_map = nn.Linear(width, dim)
+            self.object_map = nn.Linear(width, dim)
+        # Any scale: R_p is Frobenius-normalised before use.
         self.relation_weight = nn.Parameter(torch.randn(num_relations, dim, dim) / dim)
         self.spatial = spatial
         if spatial:
@@ -235,7 +253,10 @@ class BilinearRelation(nn.Module):
                 spatial: torch.Tensor | None = None):
         """r_s (N_rel, d) and r_o (N_rel, d) of the triplets' subject / object rows of ``grounded``
         (plus the maps of their ``spatial`` descriptors when the module has ``spatial`` > 0)."""
-        r_s, r_o = self.subject_map(grounded[subject]), self.object_map(grounded[object])
+        if self.shared_transform:
+            r_s, r_o = self.object_transform(grounded[subject]), self.object_transform(grounded[object])
+        else:
+            r_s, r_o = self.subject_map(grounded[subject]), self.object_map(grounded[object])
         if self.spatial:
             if spatial is None or spatial.shape[-1] != self.spatial:
                 raise ValueError(f"BilinearRelation(spatial={self.spatial}) needs a (N, {self.spatial}) spatial "
@@ -246,7 +267,8 @@ class BilinearRelation(nn.Module):
 
     def forward(self, r_s: torch.Tensor, r_o: torch.Tensor) -> torch.Tensor:
         """S[n, p] = r_s[n] R_p r_o[n]ᵀ for every triplet n and every relation p (Eq. 3)."""
-        return bilinear_scores(r_s, r_o, self.relation_operator)
+        operators = F.dropout(self.relation_operator, self.operator_dropout, self.training)
+        return bilinear_scores(r_s, r_o, operators)
 
 
 @full_precision
@@ -256,11 +278,14 @@ def bilinear_scores(r_s: torch.Tensor, r_o: torch.Tensor, operators: torch.Tenso
 
 
 class ObjectClassifier(nn.Sequential):
-    """Auxiliary object classification head on the grounded representation: FC - ReLU - FC (§3.2)."""
+    """Auxiliary object classification head on the grounded representation: FC - ReLU - FC (§3.2);
+    with ``dropout`` > 0, FC - ReLU - Dropout - FC (the official head: 768 -> 256, dropout 0.1)."""
 
-    def __init__(self, width: int, num_classes: int, hidden: int | None = None):
+    def __init__(self, width: int, num_classes: int, hidden: int | None = None, dropout: float = 0.0):
         hidden = hidden or width
-        super().__init__(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        # The dropout layer only when used: checkpoints of the plain head keep their layer indices.
+        middle = [nn.Dropout(dropout)] if dropout > 0 else []
+        super().__init__(nn.Linear(width, hidden), nn.ReLU(), *middle, nn.Linear(hidden, num_classes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,28 +311,29 @@ def pair_relation_mask(subject: torch.Tensor, object: torch.Tensor, predicate: t
 
 @full_precision
 def relation_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
-                  holds: torch.Tensor | None = None) -> torch.Tensor:
+                  holds: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
     """Loss_rel (Eq. 4): anchor = a subject-object pair, positive = R of its relation, negatives =
     every other relation. ``holds`` (N, P) removes the pair's other true relations from the
     negatives (multi-labelled pairs); None keeps the paper's plain softmax over all relations.
+    ``reduction``: "mean" or "sum" over triplets.
     """
     logits = scores / temperature
     if holds is not None:
         other_true = holds.clone()
         other_true[torch.arange(len(predicate), device=predicate.device), predicate] = False
         logits = logits.masked_fill(other_true, float("-inf"))
-    return F.cross_entropy(logits, predicate)
+    return F.cross_entropy(logits, predicate, reduction=reduction)
 
 
 @full_precision
 def object_pair_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature: float = 1.0,
-                     holds: torch.Tensor | None = None) -> torch.Tensor:
+                     holds: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
     """Loss_obj (Eq. 5): anchor = relation p_n of triplet n, positive = pair n, negatives = the
     batch's other subject-object pairs *in a different relation*.
 
     ``scores[m, p]`` already holds S(r_s^m, r_o^m; R_p), so the candidates of anchor n are column
     p_n. Pairs m != n that also hold p_n (same predicate, or per ``holds`` the same pair under
-    another label) are not negatives and leave the denominator.
+    another label) are not negatives and leave the denominator. ``reduction``: "mean" or "sum".
     """
     n = predicate.numel()
     logits = scores[:, predicate].t() / temperature  # [anchor n, candidate m] = S(m; R_{p_n})
@@ -315,7 +341,7 @@ def object_pair_loss(scores: torch.Tensor, predicate: torch.Tensor, temperature:
     not_negative = holds[:, predicate].t()  # [n, m]: pair m holds relation p_n
     eye = torch.eye(n, dtype=torch.bool, device=scores.device)
     logits = logits.masked_fill(not_negative & ~eye, float("-inf"))
-    return F.cross_entropy(logits, torch.arange(n, device=scores.device))
+    return F.cross_entropy(logits, torch.arange(n, device=scores.device), reduction=reduction)
 
 
 class RelationalGrounding(nn.Module):
@@ -329,13 +355,16 @@ class RelationalGrounding(nn.Module):
     def __init__(self, width: int, num_relations: int, num_object_classes: int, num_heads: int = 8,
                  relation_dim: int = 32, attention_dropout: float = 0.0, query_pooling: str = "tokens",
                  classifier_hidden: int | None = None, key_position: str = "none", spatial_centroid: bool = False,
-                 spatial_scale: float = 1.0):
+                 spatial_scale: float = 1.0, shared_object_transform: bool = False, relation_dropout: float = 0.0,
+                 classifier_dropout: float = 0.0, query_key_bias: bool = True):
         super().__init__()
         self.spatial_scale = spatial_scale  # centroid in [-s, s]: with Adam, s x the effective step of its maps
-        self.attention = CrossModalAttention(width, num_heads, attention_dropout, query_pooling, key_position)
+        self.attention = CrossModalAttention(width, num_heads, attention_dropout, query_pooling, key_position,
+                                             query_key_bias)
         self.spatial_centroid = spatial_centroid
-        self.relation = BilinearRelation(width, num_relations, relation_dim, spatial=2 if spatial_centroid else 0)
-        self.classifier = ObjectClassifier(width, num_object_classes, classifier_hidden)
+        self.relation = BilinearRelation(width, num_relations, relation_dim, spatial=2 if spatial_centroid else 0,
+                                         shared_transform=shared_object_transform, operator_dropout=relation_dropout)
+        self.classifier = ObjectClassifier(width, num_object_classes, classifier_hidden, classifier_dropout)
 
     def forward(self, visual, words, word_mask, object_image_index, triplet_subject, triplet_object,
                 return_attention: bool = False) -> dict[str, torch.Tensor]:
@@ -350,21 +379,35 @@ class RelationalGrounding(nn.Module):
 def relational_losses(relation_scores: torch.Tensor, object_logits: torch.Tensor, triplet_subject: torch.Tensor,
                       triplet_object: torch.Tensor, triplet_predicate: torch.Tensor, object_labels: torch.Tensor,
                       temperature: float = 1.0, use_loss_rel: bool = True, use_loss_obj: bool = True,
-                      use_object_loss: bool = True, mask_same_pair: bool = True) -> dict[str, torch.Tensor]:
+                      use_object_loss: bool = True, mask_same_pair: bool = True, normalisation: str = "triplet",
+                      num_images: int | None = None) -> dict[str, torch.Tensor]:
     """Loss_rel + Loss_obj + object cross-entropy; each switchable (Table 5). Unlabelled (-1)
-    triplets and objects are ignored. All terms are always returned (for logging)."""
+    triplets and objects are ignored. All terms are always returned (for logging).
+
+    ``normalisation``: "triplet" averages each term over its triplets (objects); "image" sums them
+    and divides by ``num_images``, the batch's images (the official ``relation_contrastive_loss`` and
+    object loss: an image with more annotated triplets weighs more).
+    """
+    if normalisation not in LOSS_NORMALISATION:
+        raise ValueError(f"normalisation must be one of {LOSS_NORMALISATION}; got {normalisation!r}")
+    per_image = normalisation == "image"
+    if per_image and not num_images:
+        raise ValueError("normalisation='image' needs num_images, the batch's image count.")
+    reduction = "sum" if per_image else "mean"
+    scale = 1.0 / num_images if per_image else 1.0
     valid = triplet_predicate >= 0
     scores, pred = relation_scores[valid], triplet_predicate[valid]
     zero = relation_scores.sum() * 0.0 + object_logits.sum() * 0.0  # keeps the graph when a batch has nothing
     if pred.numel():
         holds = pair_relation_mask(triplet_subject[valid], triplet_object[valid], pred, scores.shape[1],
                                    same_pair=mask_same_pair)
-        loss_rel = relation_loss(scores, pred, temperature, holds if mask_same_pair else None)
-        loss_obj = object_pair_loss(scores, pred, temperature, holds)
+        loss_rel = relation_loss(scores, pred, temperature, holds if mask_same_pair else None, reduction) * scale
+        loss_obj = object_pair_loss(scores, pred, temperature, holds, reduction) * scale
     else:
         loss_rel = loss_obj = zero
     labelled = object_labels >= 0
-    loss_cls = F.cross_entropy(object_logits[labelled], object_labels[labelled]) if labelled.any() else zero
+    loss_cls = (F.cross_entropy(object_logits[labelled], object_labels[labelled], reduction=reduction) * scale
+                if labelled.any() else zero)
     loss = zero
     for use, term in ((use_loss_rel, loss_rel), (use_loss_obj, loss_obj), (use_object_loss, loss_cls)):
         if use:
@@ -374,7 +417,17 @@ def relational_losses(relation_scores: torch.Tensor, object_logits: torch.Tensor
 
 class VGBertRelational(RecordedNet):
     """The stage-2 model (Fig. 2): visual + language streams (stage-1 layout: ``visual.*``,
-    ``language.*``; the stage-1 projection heads are gone) and :class:`RelationalGrounding`."""
+    ``language.*``; the stage-1 projection heads are gone) and :class:`RelationalGrounding`.
+
+    Switches where the official code (models/CrossModalityModels.py, FullModels.py) differs from the
+    defaults, which keep the recorded world runs: ``shared_object_transform`` (one d = 32 map),
+    ``relation_dropout`` (on the normalised R_p), ``classifier_hidden`` / ``classifier_dropout``
+    (768 -> 256, 0.1), ``cross_attention_dropout`` (on the cross-modal attention weights; None =
+    ``attention_dropout``, else ``dropout``; official 0), ``query_key_bias`` (official False),
+    ``count_special_tokens`` (a description's [CLS]/[SEP] count among its tokens, as the official
+    ``Bert_object`` mean), ``visual_attention_dropout`` / ``visual_ffn_dropout`` (the visual
+    self-attention's dropout layout, as stage 1; official 0).
+    """
 
     def __init__(self, num_relations: int, num_object_classes: int, text_encoder: str = "minilm",
                  backbone: str = "vgg16", backbone_weights: str | None = "default", trainable_layers: int = 2,
@@ -382,20 +435,25 @@ class VGBertRelational(RecordedNet):
                  num_heads: int = 8, relation_dim: int = 32, attention_dropout: float | None = None,
                  query_pooling: str = "tokens", classifier_hidden: int | None = None,
                  train_visual_attention: bool = True, key_position: str = "none", spatial_centroid: bool = False,
-                 spatial_scale: float = 1.0):
+                 spatial_scale: float = 1.0, shared_object_transform: bool = False, relation_dropout: float = 0.0,
+                 classifier_dropout: float = 0.0, cross_attention_dropout: float | None = None,
+                 query_key_bias: bool = True, count_special_tokens: bool = False,
+                 visual_attention_dropout: float | None = None, visual_ffn_dropout: float | None = None):
         super().__init__()
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
                                        attention_dropout=attention_dropout)
         d = self.language.width
-        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size)
+        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size,
+                                   attention_dropout=visual_attention_dropout, ffn_dropout=visual_ffn_dropout)
         if not train_visual_attention:
             self.visual.requires_grad_(False)
+        if cross_attention_dropout is None:
+            cross_attention_dropout = dropout if attention_dropout is None else attention_dropout
         self.relational = RelationalGrounding(d, num_relations, num_object_classes, num_heads, relation_dim,
-                                              dropout if attention_dropout is None else attention_dropout,
-                                              query_pooling, classifier_hidden, key_position, spatial_centroid,
-                                              spatial_scale)
-        tok = load_tokenizer(text_encoder)
-        self.special_ids = tuple(t for t in (tok.cls_token_id, tok.sep_token_id) if t is not None)
+                                              cross_attention_dropout, query_pooling, classifier_hidden, key_position,
+                                              spatial_centroid, spatial_scale, shared_object_transform,
+                                              relation_dropout, classifier_dropout, query_key_bias)
+        self.special_ids = special_token_ids(text_encoder, count_special_tokens)
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """Pixels (B,3,H,W) or cached backbone maps (B,C,h,w) -> visual tokens V (B,h,w,D)."""
@@ -419,6 +477,7 @@ class VGBertRelational(RecordedNet):
                                batch["triplet_object"], return_attention)
 
 
-__all__ = ["VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
+__all__ = ["LOSS_NORMALISATION",
+           "VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
            "relation_loss", "object_pair_loss", "pair_relation_mask", "relational_losses", "group_slots",
            "attention_centroid", "grid_coordinates", "sinusoidal_grid_encoding"]

@@ -33,15 +33,20 @@ from grounding.vgbert.relational import VGBertRelational
 STAGE2_ARCH_KEYS = ("text_encoder", "backbone", "trainable_layers", "freeze_query_key", "dropout",
                     "attention_dropout", "visual_heads", "image_size", "num_heads", "relation_dim", "query_pooling",
                     "classifier_hidden", "relation_labels", "object_classes", "key_position", "spatial_centroid",
-                    "spatial_scale")
+                    "spatial_scale", "shared_object_transform", "relation_dropout", "classifier_dropout",
+                    "cross_attention_dropout", "query_key_bias", "count_special_tokens", "visual_attention_dropout",
+                    "visual_ffn_dropout")
 
 
 class SearchHead(nn.Module):
-    """F(X) = mean_k (ReLU(X_k W1 + b1) W2 + b2), L2-normalised (App. B.5 Eqs. 15-17)."""
+    """F(X) = mean_k (ReLU(X_k W1 + b1) W2 + b2), L2-normalised (App. B.5 Eqs. 15-17); ``dropout`` > 0
+    puts a dropout between ReLU and W2, as the official heads (``nn.Dropout()``, p = 0.5)."""
 
-    def __init__(self, width: int, hidden: int | None = None, out_dim: int | None = None):
+    def __init__(self, width: int, hidden: int | None = None, out_dim: int | None = None, dropout: float = 0.0):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(width, hidden or width), nn.ReLU(), nn.Linear(hidden or width, out_dim or width))
+        middle = [nn.Dropout(dropout)] if dropout > 0 else []  # only when used: plain heads keep their indices
+        self.mlp = nn.Sequential(nn.Linear(width, hidden or width), nn.ReLU(), *middle,
+                                 nn.Linear(hidden or width, out_dim or width))
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens (N, L, D) [+ mask (N, L) of the tokens to average] -> unit vectors (N, out)."""
@@ -79,13 +84,13 @@ def rank_images(index: torch.Tensor, query: torch.Tensor, top_k: int, exclude: t
 class MultimodalSearch(nn.Module):
     """A frozen :class:`VGBertRelational` (``grounding``) with the two trainable heads F_V and F_L."""
 
-    def __init__(self, grounding: VGBertRelational, hidden: int | None = None):
+    def __init__(self, grounding: VGBertRelational, hidden: int | None = None, dropout: float = 0.0):
         super().__init__()
         self.grounding = grounding
         self.grounding.requires_grad_(False)
         width = grounding.language.width
-        self.image_head = SearchHead(width, hidden)  # F_V
-        self.text_head = SearchHead(width, hidden)   # F_L
+        self.image_head = SearchHead(width, hidden, dropout=dropout)  # F_V
+        self.text_head = SearchHead(width, hidden, dropout=dropout)   # F_L
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -141,7 +146,8 @@ class SearchHeads(GroundingModule):
     Args: init_from (stage-2 checkpoint), text_encoder / backbone / backbone_weights / visual_heads /
     image_size and stage2 (further VGBertRelational args): the frozen model's architecture, read from
     init_from when given (then only checked against it),
-    head_hidden (hidden width of F_V / F_L; default d), temperature [0.1, as every VG-BERT
+    head_hidden (hidden width of F_V / F_L; default d), head_dropout (between the heads' two layers;
+    official 0.5, search_paper.yaml; default 0), temperature [0.1, as every VG-BERT
     contrastive loss], feature_cache [True], eval_fold_size (COCO-1K folds).
     """
 
@@ -153,7 +159,7 @@ class SearchHeads(GroundingModule):
     def __init__(self, init_from: str | None = None, text_encoder: str | None = None, backbone: str | None = None,
                  backbone_weights: str | None = "default", visual_heads: int | None = None,
                  image_size: int | None = None, stage2: dict | None = None, head_hidden: int | None = None,
-                 temperature: float = 0.1, feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 head_dropout: float = 0.0, temperature: float = 0.1, feature_cache: bool = True, feature_cache_dir: str | None = None,
                  eval_fold_size: int | None = None, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
@@ -173,7 +179,7 @@ class SearchHeads(GroundingModule):
         rel, obj = s.pop("relation_labels"), s.pop("object_classes")
         if init_from:  # the stage-2 weights (CNN included) come from init_from: no ImageNet file is read
             s["backbone_weights"] = self.hparams["stage2"]["backbone_weights"] = None
-        self.search = MultimodalSearch(VGBertRelational(len(rel), len(obj), **s), head_hidden)
+        self.search = MultimodalSearch(VGBertRelational(len(rel), len(obj), **s), head_hidden, head_dropout)
         self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self._init_loaded = False
         self._eval: dict[str, list] = {}

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.encoders import load_text_encoder, load_visual_backbone
+from grounding.encoders import load_text_encoder, load_tokenizer, load_visual_backbone
 
 
 def check_heads(width: int, num_heads: int, where: str) -> None:
@@ -189,4 +189,13 @@ def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids
     return mask
 
 
-__all__ = ["VisualStream", "LanguageStream", "word_mask", "check_heads"]
+def special_token_ids(text_encoder: str, count_special_tokens: bool) -> tuple[int, ...]:
+    """The ids :func:`word_mask` leaves out: the tokenizer's [CLS] / [SEP], or none when they count
+    (the official VG-BERT averages over every unpadded token, both stages)."""
+    if count_special_tokens:
+        return ()
+    tok = load_tokenizer(text_encoder)
+    return tuple(t for t in (tok.cls_token_id, tok.sep_token_id) if t is not None)
+
+
+__all__ = ["VisualStream", "LanguageStream", "word_mask", "special_token_ids", "check_heads"]
