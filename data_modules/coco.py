@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from grounding.training_images import image_key
+
 from .common import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -47,7 +49,9 @@ class CocoCaptionsDataModule(CaptionDataModule):
     Args beyond the shared ones: ``layout`` ("official" | "karpathy"); ``karpathy_file`` (relative to
     root; default dataset_coco.json for the karpathy layout); ``use_restval`` (Karpathy's restval
     images join train: the 113,287-image training set); ``train_set`` / ``val_set``: the official
-    set names (train2017 / val2017, or train2014 / val2014).
+    set names (train2017 / val2017, or train2014 / val2014); ``exclude_eval_images`` (checkpoints or image lists
+    whose images leave val/test, see :class:`~data_modules.common.CaptionDataModule`). Images are keyed by their
+    COCO id (``coco:<id>``, grounding.training_images).
     """
 
     dataset_name = "COCO captions"
@@ -61,10 +65,11 @@ class CocoCaptionsDataModule(CaptionDataModule):
                  image_size: int = 224, resize_size: int = 256,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None):
+                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None,
+                 exclude_eval_images: list[str] | str | None = None):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
-                         val_subset=val_subset)
+                         val_subset=val_subset, exclude_eval_images=exclude_eval_images)
         if layout not in ("official", "karpathy"):
             raise ValueError(f"CocoCaptionsDataModule: layout must be 'official' or 'karpathy', not {layout!r}")
         self.coco_layout = layout
@@ -101,17 +106,17 @@ class CocoCaptionsDataModule(CaptionDataModule):
             for e in entries:
                 split = karpathy_split(e, self.use_restval)
                 if split is not None:
-                    splits[split].add(root / e.filepath / e.file_name, karpathy_sentences(e))
+                    splits[split].add(root / e.filepath / e.file_name, karpathy_sentences(e), image_key("coco", e.image_id))
             return splits
 
         train = self._official(root, self.train_set)
         val = self._official(root, self.val_set)
         if self.karpathy_file is None:
-            for path, caps in train.values():
-                splits["train"].add(path, caps)
-            for path, caps in val.values():  # val2017 serves validation and test
-                splits["val"].add(path, caps)
-                splits["test"].add(path, caps)
+            for coco_id, (path, caps) in train.items():
+                splits["train"].add(path, caps, image_key("coco", coco_id))
+            for coco_id, (path, caps) in val.items():  # val2017 serves validation and test
+                splits["val"].add(path, caps, image_key("coco", coco_id))
+                splits["test"].add(path, caps, image_key("coco", coco_id))
             return splits
 
         pooled = {**train, **val}
@@ -128,7 +133,7 @@ class CocoCaptionsDataModule(CaptionDataModule):
                 unknown.append(e.image_id)
                 continue
             path, caps = pooled[e.image_id]
-            splits[split].add(path, caps)
+            splits[split].add(path, caps, image_key("coco", e.image_id))
         if unknown:
             raise malformed(kpath, self.dataset_name,
                             f"names {len(unknown)} COCO id(s) absent from captions_{self.train_set}.json and "

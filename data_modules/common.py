@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
 from grounding.errors import UserInputError
 from grounding.paths import resolve_path
+from grounding.training_images import checkpoint_training_keys, file_key, key_set, overlapping, parse_key
 
 from . import formats
 from .formats import KARPATHY_SCHEMA as KARPATHY_SCHEMA  # re-exported: its home before formats.py
@@ -246,19 +247,29 @@ class ImageDataset(Dataset):
 # --------------------------------------------------------------------------------------------
 @dataclass
 class CaptionSplit:
-    """What a caption format reader returns for one split: images and all captions of each."""
+    """What a caption format reader returns for one split: images and all captions of each, and each image's
+    canonical key (grounding.training_images: ``coco:<id>``, ``flickr:<id>``; 0 = by its file name)."""
 
     image_paths: list[Path] = field(default_factory=list)
     captions: list[list[str]] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
 
-    def add(self, path: Path, captions: Sequence[str]) -> None:
+    def add(self, path: Path, captions: Sequence[str], key: int = 0) -> None:
         captions = [c.strip() for c in captions if c and c.strip()]
         if captions:  # an image without captions has nothing to match
             self.image_paths.append(path)
             self.captions.append(captions)
+            self.keys.append(int(key))
 
     def subset(self, indices: Sequence[int]) -> "CaptionSplit":
-        return CaptionSplit([self.image_paths[i] for i in indices], [self.captions[i] for i in indices])
+        keys = self.image_keys()
+        return CaptionSplit([self.image_paths[i] for i in indices], [self.captions[i] for i in indices],
+                            [int(keys[i]) for i in indices])
+
+    def image_keys(self) -> np.ndarray:
+        """(N,) int64 keys; an image its reader gave no key is keyed by its file name."""
+        keys = list(self.keys) + [0] * (len(self.image_paths) - len(self.keys))
+        return np.array([k or file_key(p.name) for k, p in zip(keys, self.image_paths)], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.image_paths)
@@ -480,6 +491,13 @@ class GroundingDataModule(LightningDataModule):
     def test_dataset(self):
         return self._dataset("test")
 
+    def image_keys(self, split: str) -> np.ndarray | None:
+        """The canonical keys of the split's images (grounding.training_images), (N,) or (N, C) int64, row i =
+        image i of the split's dataset; the fit's training images are recorded in its checkpoints from these.
+        Here: by file name (readers that know an image's dataset id override it); None without image paths."""
+        paths = getattr(self._dataset(split), "image_paths", None)
+        return None if paths is None else np.array([file_key(Path(p).name) for p in paths], dtype=np.int64)
+
     def image_datasets(self) -> list[Dataset]:
         """The split datasets that load images by index (``image_paths`` + ``load_image``), each once:
         what :class:`grounding.feature_cache.FeatureCache` swaps to cached backbone maps."""
@@ -520,6 +538,10 @@ class CaptionDataModule(GroundingDataModule):
     ``train_subset``: a seeded random subset of N training images (COMPOSER's C30K is 29,000 COCO
     images); ``test_subset``: the first N test images (the COCO 1K test is the first 1,000); ``val_subset``:
     the first N validation images (an exhaustive validation on COCO's 5,000 is too slow for COMPOSER).
+    ``exclude_eval_images``: checkpoints (``.ckpt``: every image their record says they and the checkpoints
+    they were built from trained on) or image lists (one key a line: ``coco:397133``, ``flickr:<id>``,
+    ``vg:<id>``, ``file:<name>``) whose images leave the val and test splits (before the subsets), so a stage
+    built from an earlier one is evaluated on held-out images (grounding.training_images).
     """
 
     dataset_name = "captions"
@@ -532,12 +554,15 @@ class CaptionDataModule(GroundingDataModule):
                  resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
                  std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
                  drop_last: bool = False, train_subset: int | None = None, test_subset: int | None = None,
-                 val_subset: int | None = None):
+                 val_subset: int | None = None, exclude_eval_images: list[str] | str | None = None):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last)
         self.train_subset = train_subset
         self.test_subset = test_subset
         self.val_subset = val_subset
+        self.exclude_eval_images = ([exclude_eval_images] if isinstance(exclude_eval_images, (str, os.PathLike))
+                                    else list(exclude_eval_images or []))
+        self.split_keys: dict[str, np.ndarray] = {}
 
     def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
         raise NotImplementedError
@@ -563,6 +588,16 @@ class CaptionDataModule(GroundingDataModule):
                 raise MalformedDataError(
                     f"{self.dataset_name} at {root}: the {name!r} split has no captioned images.\n"
                     f"Expected layout:\n{self.layout}\nFix: check the split assignment in the annotation files.")
+        excluded = self._excluded_keys()
+        if len(excluded):
+            for name in ("val", "test"):
+                hit, _ = overlapping(splits[name].image_keys(), excluded)
+                splits[name] = splits[name].subset(np.flatnonzero(~hit).tolist())
+                log.info("%s %s: %d image(s) left out (exclude_eval_images)", type(self).__name__, name, int(hit.sum()))
+                if hit.any() and not len(splits[name]):
+                    raise MalformedDataError(
+                        f"{self.dataset_name} at {root}: exclude_eval_images leaves no {name!r} image (all "
+                        f"{int(hit.sum())} are listed). Fix: evaluate on other images, or shorten exclude_eval_images.")
         if self.train_subset is not None and self.train_subset < len(splits["train"]):
             rng = np.random.default_rng(self.seed)
             keep = np.sort(rng.choice(len(splits["train"]), size=self.train_subset, replace=False))
@@ -573,9 +608,35 @@ class CaptionDataModule(GroundingDataModule):
             splits["val"] = splits["val"].subset(range(min(self.val_subset, len(splits["val"]))))
         check_images_exist((p for s in SPLITS for p in splits[s].image_paths), self.dataset_name,
                            self.missing_image_hint(root))
+        self.split_keys = {name: splits[name].image_keys() for name in SPLITS}
         transform = self.transform
         return {name: CaptionDataset(splits[name].image_paths, splits[name].captions, transform, train=name == "train")
                 for name in SPLITS}
+
+    def image_keys(self, split: str) -> np.ndarray:
+        """The split's keys as its reader gave them (``coco:<id>``, ``flickr:<id>``; else by file name)."""
+        if self.datasets is None:
+            self.setup()
+        return self.split_keys[split]
+
+    def _excluded_keys(self) -> np.ndarray:
+        """The keys ``exclude_eval_images`` names (checkpoint records and image lists), sorted unique."""
+        found = []
+        for item in self.exclude_eval_images:
+            path = resolve_path(item)
+            if not path.is_file():
+                raise MissingDataError(f"{self.dataset_name}: exclude_eval_images names {path}, which does not exist. "
+                                       "Fix: give a checkpoint (.ckpt) or a list of image keys (coco:<id> a line).")
+            if path.suffix == ".ckpt":
+                found.append(checkpoint_training_keys(path))
+                continue
+            lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+            try:
+                found.append(np.array([parse_key(ln) for ln in lines if ln and not ln.startswith("#")], dtype=np.int64))
+            except ValueError as e:
+                raise MalformedDataError(f"{self.dataset_name}: exclude_eval_images file {path}: {e}. Fix: one image "
+                                         "key a line (coco:<id>, flickr:<id>, vg:<id>, file:<name>).") from None
+        return key_set(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
     def missing_image_hint(self, root: Path) -> str:
         return f"put the images where the layout says (root {root}):\n{self.layout}"

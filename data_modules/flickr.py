@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grounding.training_images import flickr_file_key
+
 from .common import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -67,6 +69,9 @@ class FlickrDataModule(CaptionDataModule):
     token file. Real Flickr8k with only a subset of the photos: set ``captions_file`` to a token
     file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``test_only``: train and val may be
     empty (an evaluation-only Karpathy file such as an MCD split of ``python -m grounding.composer mcd``).
+    ``exclude_eval_images``: checkpoints or image lists whose images leave val/test (see
+    :class:`~data_modules.common.CaptionDataModule`). Images are keyed by their Flickr photo id (``flickr:<id>``,
+    from ``<id>.jpg`` / ``<id>_<secret>.jpg``), else by file name (grounding.training_images).
     """
 
     dataset_name = "Flickr"
@@ -80,9 +85,11 @@ class FlickrDataModule(CaptionDataModule):
                  image_size: int = 224, resize_size: int = 256,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None, test_only: bool = False):
+                 train_subset: int | None = None, test_subset: int | None = None, test_only: bool = False,
+                 exclude_eval_images: list[str] | str | None = None):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset)
+                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
+                         exclude_eval_images=exclude_eval_images)
         if karpathy_file and captions_file:
             raise ValueError("FlickrDataModule: set karpathy_file OR captions_file, not both")
         self.karpathy_file = karpathy_file
@@ -141,7 +148,7 @@ class FlickrDataModule(CaptionDataModule):
             for e in karpathy_entries(path, self.dataset_name, FLICKR_HINT):
                 split = karpathy_split(e, use_restval=True)
                 if split is not None:
-                    splits[split].add(image_dir / e.file_name, karpathy_sentences(e))
+                    splits[split].add(image_dir / e.file_name, karpathy_sentences(e), flickr_file_key(e.file_name))
             return splits
 
         captions = read_token_file(path, self.dataset_name)
@@ -155,7 +162,7 @@ class FlickrDataModule(CaptionDataModule):
             listed = read_split_list(list_path, self.dataset_name)
             for file_name in listed:  # the split = its listed images that have captions
                 if file_name in captions:
-                    splits[split].add(image_dir / file_name, captions[file_name])
+                    splits[split].add(image_dir / file_name, captions[file_name], flickr_file_key(file_name))
         self._captions_path = path
         return splits
 

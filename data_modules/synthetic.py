@@ -24,6 +24,11 @@ train2017/, val2017/, dataset_coco.json}, flickr/{images/, dataset_flickr30k.jso
 Flickr_8k.{train,dev,test}Images.txt}, visual_genome/{image_data,objects,attributes,relationships,
 object_synsets,attribute_synsets,relationship_synsets,splits}.json + VG_100K/<image_id>.jpg. The
 layout folders hold hard links to images/ (copies where linking fails).
+
+One scene, one id and one split in every layout: COCO id = Visual Genome image id (image_data.json's
+``coco_id`` says so, as the real release does for its COCO images), COCO train2017 = the train split and val2017
+= val + test, the Flickr lists and VG's splits.json the same; so a chain of stages (COCO stage 1, VG stage 2,
+COCO search heads) evaluates every stage on images no earlier stage trained on (grounding.training_images).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from grounding.utils.io import atomic_path
 
-GENERATOR_VERSION = "1.0"
+GENERATOR_VERSION = "1.1"  # 1.1: Visual Genome's image_data.json names each image's coco_id (the same scene)
 VOCABULARY_FILE = Path(__file__).resolve().parent / "resources" / "world_vocabulary.json"
 SPLITS = ("train", "val", "test")
 CAPTIONS_PER_IMAGE = 5
@@ -841,7 +846,8 @@ def _write_layouts(root: Path, records: list[dict]) -> None:
         _link(images / r["file_name"], vg / "VG_100K" / f"{r['image_id']}.jpg")
     _write_json(vg / "image_data.json", [
         {"image_id": r["image_id"], "url": VG_URL.format(r["image_id"]), "width": r["width"], "height": r["height"],
-         "coco_id": None, "flickr_id": None} for r in records])
+         # the world's VG image i is its COCO image i, as real VG names the COCO images it holds (no Flickr photo ids)
+         "coco_id": r["image_id"], "flickr_id": None} for r in records])
     _write_json(vg / "objects.json", [
         {"image_id": r["image_id"], "objects": [_vg_object(o) for o in r["objects"]]} for r in records])
     _write_json(vg / "attributes.json", [

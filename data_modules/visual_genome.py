@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from grounding.paths import cache_dir, resolve_path
+from grounding.training_images import image_keys
 from grounding.utils.io import atomic_path, sha1_of_json
 
 from .common import (
@@ -57,7 +58,7 @@ VG_HINT = ("point root at your Visual Genome folder (v1.4 JSON files and the VG_
            f"or {WORLD_HINT} (root: data/world/visual_genome)")
 IMAGE_DIR_CANDIDATES = ("VG_100K", "VG_100K_2", "images")
 VG_FILES = ("image_data", "objects", "relationships", "attributes")
-PARSER_VERSION = 1
+PARSER_VERSION = 2  # 2: image_data.json's coco_id / flickr_id kept (VGIndex.coco_ids / flickr_ids)
 CACHE_MIN_BYTES = 32 << 20
 
 
@@ -122,11 +123,15 @@ class VGIndex:
     Objects of image row i are ``obj_offsets[i]:obj_offsets[i+1]``; ``rel_subject`` / ``rel_object``
     index objects within their image. Strings live once in small tables (``object_keys`` =
     (names, synsets) pairs, ``descriptions``, ``predicate_keys`` = (predicate, synsets) pairs).
+    ``coco_ids`` / ``flickr_ids``: image_data.json's ``coco_id`` / ``flickr_id`` of each image (0 = none).
     """
 
     def __init__(self, image_ids, image_urls, obj_offsets, obj_key, obj_desc, obj_box, rel_offsets, rel_subject,
-                 rel_object, rel_key, object_keys, descriptions, predicate_keys):
+                 rel_object, rel_key, object_keys, descriptions, predicate_keys, coco_ids=None, flickr_ids=None):
         self.image_ids = np.asarray(image_ids, dtype=np.int64)
+        self.coco_ids = np.zeros(len(self.image_ids), np.int64) if coco_ids is None else np.asarray(coco_ids, np.int64)
+        self.flickr_ids = (np.zeros(len(self.image_ids), np.int64) if flickr_ids is None
+                           else np.asarray(flickr_ids, np.int64))
         self.image_urls = image_urls
         self.obj_offsets = np.asarray(obj_offsets, dtype=np.int64)
         self.obj_key = np.asarray(obj_key, dtype=np.int32)
@@ -158,7 +163,7 @@ class VGIndex:
 
     # -- on-disk cache: parsing the real JSON (~1.5 GB) takes minutes; the arrays load in seconds --
     _ARRAYS = ("image_ids", "obj_offsets", "obj_key", "obj_desc", "obj_box", "rel_offsets", "rel_subject",
-               "rel_object", "rel_key")
+               "rel_object", "rel_key", "coco_ids", "flickr_ids")
 
     def save(self, path: Path) -> None:
         tables = {"image_urls": self.image_urls, "object_keys": self.object_keys, "descriptions": self.descriptions,
@@ -196,6 +201,14 @@ def _image_id(entry: dict, where: str, path: Path) -> int:
     return int(entry["image_id"] if "image_id" in entry else entry["id"])
 
 
+def _linked_id(value) -> int:
+    """image_data.json's ``coco_id`` / ``flickr_id``: a positive int, else 0 (null or absent)."""
+    try:
+        return max(int(value), 0) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
 def _entries(path: Path, key: str | None) -> Iterator[dict]:
     """Per-image entries of a VG file, streamed (one entry in memory at a time) and checked."""
     for i, entry in enumerate(iter_json_array(path, "Visual Genome", VG_LAYOUT, VG_HINT)):
@@ -226,8 +239,11 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
              for name in ("image_data", "objects", "relationships")}
 
     urls: dict[int, str] = {}
+    links: dict[int, tuple[int, int]] = {}  # image id -> (coco_id, flickr_id), 0 = none
     for i, entry in enumerate(_entries(files["image_data"], None)):
-        urls[_image_id(entry, f"[{i}]", files["image_data"])] = str(entry.get("url") or "")
+        image_id = _image_id(entry, f"[{i}]", files["image_data"])
+        urls[image_id] = str(entry.get("url") or "")
+        links[image_id] = (_linked_id(entry.get("coco_id")), _linked_id(entry.get("flickr_id")))
 
     attrs: dict[int, tuple[str, ...]] = {}
     shared: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -310,6 +326,7 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
     del per_image
     return VGIndex(
         image_ids=image_ids, image_urls=[urls[i] for i in image_ids],
+        coco_ids=[links[i][0] for i in image_ids], flickr_ids=[links[i][1] for i in image_ids],
         obj_offsets=np.concatenate([[0], np.cumsum(obj_counts)]), obj_key=objs[:, 0], obj_desc=objs[:, 1],
         obj_box=objs[:, 2:6], rel_offsets=np.concatenate([[0], np.cumsum(rel_counts)]),
         rel_subject=rels[:, 0], rel_object=rels[:, 1], rel_key=rels[:, 2], object_keys=object_keys.table,
@@ -650,6 +667,15 @@ class VisualGenomeDataModule(GroundingDataModule):
         transform = self.transform
         return {s: VisualGenomeDataset(ix, rows[s], paths[s], obj_labels, pred_labels, kept, transform,
                                        self.max_objects, self.drop_unmapped) for s in ("train", "val", "test")}
+
+    def image_keys(self, split: str) -> np.ndarray:
+        """(N, 3) keys of the split's images: ``vg:<image_id>``, ``coco:<coco_id>``, ``flickr:<flickr_id>`` (0 where
+        image_data.json gives none): a Visual Genome image is the COCO / Flickr image it names
+        (grounding.training_images)."""
+        rows = self._dataset(split).rows
+        ix = self.index
+        return np.stack([image_keys("vg", ix.image_ids[rows]), image_keys("coco", ix.coco_ids[rows]),
+                         image_keys("flickr", ix.flickr_ids[rows])], axis=1)
 
     @property
     def object_classes(self) -> list[str]:

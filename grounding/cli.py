@@ -31,6 +31,7 @@ from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.run_folder import RunLock, check_fit_target, write_run_config, write_run_metrics
+from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
 STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
@@ -112,6 +113,9 @@ class GroundingCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: replace the run in --trainer.default_root_dir even when its config.yaml differs")
+        parser.add_argument("--allow_eval_overlap", type=bool, default=False,
+                            help="evaluate even on images that a checkpoint of the init_from chain trained on (a "
+                                 "warning instead of the error; grounding/training_images.py)")
         # Values the model and the data must share are written once, in the model's network: the
         # tokenizer is the text encoder's, the crop size the visual stream's, the image normalisation
         # the backbone's. (Stages that build their network from a checkpoint still give them twice.)
@@ -150,6 +154,11 @@ class GroundingCLI(LightningCLI):
                 require_checkpoint_file(section.ckpt_path, "--ckpt_path",
                                         "give a .ckpt file of the run (outputs/<run>/checkpoints/last.ckpt), or `last` / "
                                         "`best` with the run's --trainer.default_root_dir")
+
+    def after_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("allow_eval_overlap") and hasattr(self.model, "allow_eval_overlap"):
+            self.model.allow_eval_overlap = True  # read by grounding.training_images.TrainingImages
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -208,6 +217,19 @@ def check_inputs_early(config, subcommand: str | None) -> None:
     check = getattr(datamodule, "check_inputs", None)
     if callable(check):
         check()
+    init_args = (config.model.get("init_args") or {}) if config.get("model") else {}
+    earlier = [v for k, v in init_args.items() if (k == "init_from" or k.endswith("_init_from")) and isinstance(v, str)]
+    if earlier and subcommand == "fit" and config.get("ckpt_path") is None and not config.get("allow_eval_overlap") \
+            and callable(getattr(datamodule, "image_keys", None)):
+        # the evaluation splits against the training images recorded along the init_from chain (the fit's
+        # TrainingImages callback checks again; here it costs one DataModule setup instead of a model build)
+        try:
+            check_evaluation([e for path in earlier for e in checkpoint_entries(path)], datamodule, EVAL_SPLITS["fit"],
+                             what=f"the run in {config.trainer.get('default_root_dir') or 'outputs'}")
+        except UserInputError:
+            raise
+        except Exception:  # noqa: BLE001 - not the suite's own input error: the real run reports it
+            return
 
 
 def resolve_run_checkpoint(ckpt_path: str | None, root_dir: str | None, subcommand: str) -> str | None:

@@ -5,7 +5,9 @@ It holds what is the same for all stages: optimizer/scheduler injection from the
 optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
 (``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes,
 the frozen-backbone feature cache as a callback for stages that set ``feature_cache`` and
-implement ``frozen_backbone()``, and the run's printed record for batch jobs: one line per training epoch
+implement ``frozen_backbone()``, the record of the images a fit trained on (inherited along ``init_from``) with
+the check that no evaluation uses an earlier stage's training images (:mod:`grounding.training_images`), and the
+run's printed record for batch jobs: one line per training epoch
 when stdout is not a terminal (:class:`EpochSummary`), the best checkpoint and its score at the end of a fit,
 and test/validate result tables with values rounded for display only (:class:`ResultsTable`).
 """
@@ -29,6 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from grounding.feature_cache import FeatureCache
 from grounding.nets import as_net, net_spec
+from grounding.training_images import TrainingImages
 from grounding.utils.io import atomic_write_json
 
 FIT_RECORD = "fit_record.json"
@@ -51,6 +54,11 @@ class GroundingModule(LightningModule):
     # Stages with a frozen CNN take these as init args and implement ``frozen_backbone()``.
     feature_cache: bool = False
     feature_cache_dir: str | None = None
+    # Evaluating on images a checkpoint of the init_from chain trained on: an error unless this is set
+    # (`python -m grounding ... --allow_eval_overlap true`); the record of the fit's training images
+    # (grounding.training_images.TrainingImages keeps it here between a fit and a test in one process).
+    allow_eval_overlap: bool = False
+    training_images: list | None = None
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
@@ -90,7 +98,7 @@ class GroundingModule(LightningModule):
         # save_on_train_epoch_end: every epoch, also those without a validation (check_val_every_n_epoch > 1)
         last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
                                enable_version_counter=False, save_on_train_epoch_end=True)
-        callbacks = [best, last, FitRecord(), EpochSummary(), ResultsTable()]
+        callbacks = [best, last, FitRecord(), EpochSummary(), ResultsTable(), TrainingImages()]
         return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
 
 

@@ -135,7 +135,9 @@ def test_layouts_exist_with_the_real_schemas(tiny_world):
     image_data = _json(vg / "image_data.json")
     assert [d["image_id"] for d in image_data] == [r["image_id"] for r in images]
     for d in image_data:
-        assert d["url"].endswith(f"/VG_100K/{d['image_id']}.jpg") and d["coco_id"] is None and d["flickr_id"] is None
+        # the same scene as the COCO image of that id (cross-dataset identity, grounding.training_images)
+        assert d["url"].endswith(f"/VG_100K/{d['image_id']}.jpg") and d["coco_id"] == d["image_id"]
+        assert d["flickr_id"] is None
         assert (d["width"], d["height"]) == (size, size) and (vg / "VG_100K" / f"{d['image_id']}.jpg").is_file()
     objects, attributes, relationships = (_json(vg / f) for f in ("objects.json", "attributes.json",
                                                                    "relationships.json"))
