@@ -468,6 +468,28 @@ class GroundingDataModule(LightningDataModule):
     def _build_datasets(self) -> dict[str, Dataset]:
         raise NotImplementedError
 
+    dataset_name = "data"
+    exclude_eval_images: Sequence[str] = ()  # set by the subclasses that take the option
+
+    def excluded_eval_keys(self) -> np.ndarray:
+        """The keys ``exclude_eval_images`` names (checkpoint records and image lists), sorted unique."""
+        found = []
+        for item in self.exclude_eval_images:
+            path = resolve_path(item)
+            if not path.is_file():
+                raise MissingDataError(f"{self.dataset_name}: exclude_eval_images names {path}, which does not exist. "
+                                       "Fix: give a checkpoint (.ckpt) or a list of image keys (coco:<id> a line).")
+            if path.suffix == ".ckpt":
+                found.append(checkpoint_training_keys(path))
+                continue
+            lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+            try:
+                found.append(np.array([parse_key(ln) for ln in lines if ln and not ln.startswith("#")], dtype=np.int64))
+            except ValueError as e:
+                raise MalformedDataError(f"{self.dataset_name}: exclude_eval_images file {path}: {e}. Fix: one image "
+                                         "key a line (coco:<id>, flickr:<id>, vg:<id>, file:<name>).") from None
+        return key_set(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
     def _collate(self, train: bool) -> Callable:
         raise NotImplementedError
 
@@ -588,7 +610,7 @@ class CaptionDataModule(GroundingDataModule):
                 raise MalformedDataError(
                     f"{self.dataset_name} at {root}: the {name!r} split has no captioned images.\n"
                     f"Expected layout:\n{self.layout}\nFix: check the split assignment in the annotation files.")
-        excluded = self._excluded_keys()
+        excluded = self.excluded_eval_keys()
         if len(excluded):
             for name in ("val", "test"):
                 hit, _ = overlapping(splits[name].image_keys(), excluded)
@@ -618,25 +640,6 @@ class CaptionDataModule(GroundingDataModule):
         if self.datasets is None:
             self.setup()
         return self.split_keys[split]
-
-    def _excluded_keys(self) -> np.ndarray:
-        """The keys ``exclude_eval_images`` names (checkpoint records and image lists), sorted unique."""
-        found = []
-        for item in self.exclude_eval_images:
-            path = resolve_path(item)
-            if not path.is_file():
-                raise MissingDataError(f"{self.dataset_name}: exclude_eval_images names {path}, which does not exist. "
-                                       "Fix: give a checkpoint (.ckpt) or a list of image keys (coco:<id> a line).")
-            if path.suffix == ".ckpt":
-                found.append(checkpoint_training_keys(path))
-                continue
-            lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-            try:
-                found.append(np.array([parse_key(ln) for ln in lines if ln and not ln.startswith("#")], dtype=np.int64))
-            except ValueError as e:
-                raise MalformedDataError(f"{self.dataset_name}: exclude_eval_images file {path}: {e}. Fix: one image "
-                                         "key a line (coco:<id>, flickr:<id>, vg:<id>, file:<name>).") from None
-        return key_set(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
     def missing_image_hint(self, root: Path) -> str:
         return f"put the images where the layout says (root {root}):\n{self.layout}"

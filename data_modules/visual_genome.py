@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from grounding.paths import cache_dir, resolve_path
-from grounding.training_images import image_keys
+from grounding.training_images import image_keys, overlapping
 from grounding.utils.io import atomic_path, sha1_of_json
 
 from .common import (
@@ -459,6 +459,9 @@ class VisualGenomeCollate:
 # --------------------------------------------------------------------------------------------
 # DataModule
 # --------------------------------------------------------------------------------------------
+VALIDATION = ("carve", "test")
+
+
 def _split_count(value: float | int, n: int, name: str) -> int:
     if isinstance(value, float) and 0 < value < 1:
         return max(1, int(round(value * n)))
@@ -476,6 +479,13 @@ class VisualGenomeDataModule(GroundingDataModule):
     ``<root>/splits.json`` when present, as in the generated world) or else a seeded split
     with ``val_size`` / ``test_size`` (a float in (0, 1) is a fraction, otherwise a count; 0 means
     that split reuses the other: VG-BERT has train/test only, ``val_size: 0, test_size: 5000``);
+    ``validation``: "carve" (default) — a split file without validation images of its own (none, or
+    the test images again, as VG-BERT's train/test split) gets ``val_size`` images carved from its
+    training images (seeded; 0 = the test images); "test" — validate on the test images, as the
+    official VG-BERT code selects its checkpoint (reported beside the carved choice, docs/vgbert.md);
+    ``exclude_eval_images`` (checkpoints or image lists, as the caption DataModules): their images leave val and
+    test, and are never carved for validation — a Visual Genome image is also the COCO / Flickr image its
+    image_data.json names, so ``[<stage-1 checkpoint>]`` keeps stage 2's evaluation off stage 1's COCO images;
     ``label_mapping`` (a :class:`LabelMapping`, or the path of a ``python -m data_modules.vg_cleaning``
     output file for VG-BERT's 55 classes / 114 relations; default built from the training split, keeping
     synsets / predicates seen at least ``min_object_count`` / ``min_relation_count`` times);
@@ -486,8 +496,11 @@ class VisualGenomeDataModule(GroundingDataModule):
     (keep the parsed index of large JSON files under ``grounding.paths.cache_dir()/visual_genome``).
     """
 
+    dataset_name = "Visual Genome"
+
     def __init__(self, root: str = "data/world/visual_genome", image_dir: str | None = None,
                  split_file: str | None = None, val_size: float | int = 0.05, test_size: float | int = 0.05,
+                 validation: str = "carve", exclude_eval_images: list[str] | str | None = None,
                  label_mapping: LabelMapping | str | None = None, min_triplets: int = 1, max_objects: int | None = 50,
                  max_attributes: int = 2, drop_unmapped: bool = True, min_object_count: int = 1,
                  min_relation_count: int = 1, cache: bool = True, text_encoder: str = "minilm", max_length: int = 32,
@@ -503,6 +516,12 @@ class VisualGenomeDataModule(GroundingDataModule):
         self.image_dir = image_dir
         self.split_file = split_file
         self.val_size, self.test_size = val_size, test_size
+        if validation not in VALIDATION:
+            raise ValueError(f"VisualGenomeDataModule: validation must be one of {VALIDATION}; got {validation!r}")
+        self.validation = validation
+        self.exclude_eval_images = ([exclude_eval_images] if isinstance(exclude_eval_images, (str, os.PathLike))
+                                    else list(exclude_eval_images or []))
+        self._excluded: np.ndarray | None = None
         self.label_mapping = label_mapping
         self.min_triplets = min_triplets
         self.max_objects = max_objects
@@ -576,10 +595,13 @@ class VisualGenomeDataModule(GroundingDataModule):
             data.setdefault("val", [])
             data.setdefault("test", [])
         if data is not None:
-            if not data["val"]:  # train/test only (VG-BERT): the test images also serve validation
-                data["val"] = data["test"]
             if not data["test"]:
                 data["test"] = data["val"]
+            lists = isinstance(data["val"], list) and isinstance(data["test"], list)  # else reported below
+            own_val = lists and bool(data["val"]) and sorted(map(int, data["val"])) != sorted(map(int, data["test"]))
+            carve = not own_val and self.validation == "carve" and self.val_size != 0
+            if not own_val or self.validation == "test":
+                data["val"] = data["test"]  # the official VG-BERT selects its checkpoint on the test images
             row_of = {int(iid): r for r, iid in enumerate(ix.image_ids.tolist())}
             ok = np.zeros(len(ix), dtype=bool)
             ok[candidates] = True
@@ -596,16 +618,57 @@ class VisualGenomeDataModule(GroundingDataModule):
                                     f"{root} (e.g. {unknown[:5]})", schema, "regenerate it for this dataset")
                 rows = np.array([row_of[int(i)] for i in ids], dtype=np.int64)
                 out[split] = np.unique(rows[ok[rows]])  # image-id order, whatever the file order
+            if carve:  # train/test only (VG-BERT's split): validation images come out of training
+                out["train"], out["val"] = self._carve_validation(out["train"])
             return out
         rng = np.random.default_rng(self.seed)
         order = candidates[rng.permutation(len(candidates))]
         n_test = _split_count(self.test_size, len(order), "test_size")
-        n_val = _split_count(self.val_size, len(order) - n_test, "val_size")
+        n_val = 0 if self.validation == "test" else _split_count(self.val_size, len(order) - n_test, "val_size")
         if n_test + n_val == 0 or n_test + n_val >= len(order):
             raise ValueError(f"VisualGenomeDataModule: val_size={self.val_size}, test_size={self.test_size} leave "
                              f"no evaluation or no training images out of {len(order)}")
         test, val, train = order[:n_test], order[n_test:n_test + n_val], order[n_test + n_val:]
         return {"train": np.sort(train), "val": np.sort(val if n_val else test), "test": np.sort(test if n_test else val)}
+
+    def _carve_validation(self, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(train, val) rows: ``val_size`` of the training rows, seeded, set aside for validation (only rows
+        that ``exclude_eval_images`` allows)."""
+        eligible = train[~self._excluded_rows(train)]
+        n_val = _split_count(self.val_size, len(train), "val_size")
+        if n_val >= len(train) or n_val > len(eligible):
+            raise ValueError(f"VisualGenomeDataModule: val_size={self.val_size} asks for {n_val} validation images of "
+                             f"{len(train)} training images ({len(eligible)} not excluded by exclude_eval_images); "
+                             "lower it, or set validation: test.")
+        val = np.random.default_rng(self.seed).permutation(eligible)[:n_val]
+        return np.setdiff1d(train, val), np.sort(val)
+
+    def _row_keys(self, rows: np.ndarray) -> np.ndarray:
+        """(N, 3) image keys of index rows: vg, coco and flickr (0 where image_data.json names none)."""
+        ix = self.index
+        return np.stack([image_keys("vg", ix.image_ids[rows]), image_keys("coco", ix.coco_ids[rows]),
+                         image_keys("flickr", ix.flickr_ids[rows])], axis=1)
+
+    def _excluded_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Per row: whether ``exclude_eval_images`` names the image (under any of its keys)."""
+        if self._excluded is None:
+            self._excluded = self.excluded_eval_keys()
+        if not len(self._excluded) or not len(rows):
+            return np.zeros(len(rows), dtype=bool)
+        return overlapping(self._row_keys(rows), self._excluded)[0]
+
+    def _drop_excluded(self, rows: dict[str, np.ndarray], root: Path) -> dict[str, np.ndarray]:
+        """Val and test without the images ``exclude_eval_images`` names (said in one log line each)."""
+        for split in ("val", "test"):
+            hit = self._excluded_rows(rows[split])
+            if hit.any():
+                log.info("VisualGenomeDataModule %s: %d image(s) left out (exclude_eval_images)", split, int(hit.sum()))
+                if hit.all():
+                    raise MalformedDataError(f"Visual Genome at {root}: exclude_eval_images leaves no {split!r} image "
+                                             f"(all {int(hit.sum())} are listed). Fix: evaluate on other images (a split "
+                                             "file), or shorten exclude_eval_images.")
+                rows[split] = rows[split][~hit]
+        return rows
 
     def _require_images(self, rows: np.ndarray, what: str, root: Path) -> None:
         if len(rows) == 0:
@@ -659,6 +722,7 @@ class VisualGenomeDataModule(GroundingDataModule):
             counts = np.bincount(ix.rel_image[kept], minlength=len(ix))
             rows = {s: r[counts[r] >= self.min_triplets] for s, r in rows.items()}
         self.label_mapping_in_use = mapping
+        rows = self._drop_excluded(rows, root)
         for split, r in rows.items():
             self._require_images(r, f"the {split!r} split", root)
         paths = {s: self._image_paths(root, r) for s, r in rows.items()}
@@ -672,10 +736,7 @@ class VisualGenomeDataModule(GroundingDataModule):
         """(N, 3) keys of the split's images: ``vg:<image_id>``, ``coco:<coco_id>``, ``flickr:<flickr_id>`` (0 where
         image_data.json gives none): a Visual Genome image is the COCO / Flickr image it names
         (grounding.training_images)."""
-        rows = self._dataset(split).rows
-        ix = self.index
-        return np.stack([image_keys("vg", ix.image_ids[rows]), image_keys("coco", ix.coco_ids[rows]),
-                         image_keys("flickr", ix.flickr_ids[rows])], axis=1)
+        return self._row_keys(self._dataset(split).rows)
 
     @property
     def object_classes(self) -> list[str]:

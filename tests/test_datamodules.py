@@ -346,9 +346,29 @@ def test_visual_genome_split_carried_by_the_mapping(tmp_path):
     write_vg(tmp_path)
     mapping = OnlyElephantsIn()
     mapping.split = {"train": [1, 2, 3, 4, 5, 6], "val": [], "test": [7, 8]}
-    dm = vg_module(tmp_path, label_mapping=mapping)
+    # The official choice (issue 12, item 9): the train/test split validates on its test images.
+    dm = vg_module(tmp_path, label_mapping=mapping, validation="test")
     dm.setup()
     assert [dm.datasets[s].image_ids.tolist() for s in ("train", "val", "test")] == [[1, 2, 3, 4, 5, 6], [7, 8], [7, 8]]
+    # The default carves val_size (2) validation images out of the training images, seeded.
+    dm = vg_module(tmp_path, label_mapping=mapping)
+    dm.setup()
+    train, val, test = (dm.datasets[s].image_ids.tolist() for s in ("train", "val", "test"))
+    assert len(val) == 2 and sorted(train + val) == [1, 2, 3, 4, 5, 6] and test == [7, 8]
+    again = vg_module(tmp_path, label_mapping=mapping)
+    again.setup()
+    assert again.datasets["val"].image_ids.tolist() == val
+    # A split file whose val repeats its test images (vg_cleaning's train/test split) has no val of its own.
+    (tmp_path / "split.json").write_text(json.dumps({"train": [1, 2, 3, 4, 5, 6], "val": [7, 8], "test": [7, 8]}))
+    from_file = vg_module(tmp_path, split_file="split.json", label_mapping=mapping)
+    from_file.setup()
+    assert from_file.datasets["val"].image_ids.tolist() == val
+    # val_size 0 keeps its documented meaning: the test images validate.
+    zero = vg_module(tmp_path, split_file="split.json", label_mapping=mapping, val_size=0)
+    zero.setup()
+    assert zero.datasets["val"].image_ids.tolist() == [7, 8]
+    with pytest.raises(ValueError, match="validation must be one of"):
+        vg_module(tmp_path, validation="val")
 
 
 def test_visual_genome_with_the_vg_bert_cleaning(tiny_world, tmp_path):
@@ -357,13 +377,18 @@ def test_visual_genome_with_the_vg_bert_cleaning(tiny_world, tmp_path):
     vg_root = tiny_world / "visual_genome"
     out = tmp_path / "clean.json"
     result = clean_visual_genome(vg_root, out, min_predicate_count=0, min_triplets=2, test_size=0.2, verbose=False)
-    dm = VisualGenomeDataModule(root=str(vg_root), label_mapping=str(out), split_file=str(split_file_for(out)),
-                                min_triplets=2, text_encoder=TOK, image_size=32, resize_size=32, batch_size=4)
+    args = dict(root=str(vg_root), label_mapping=str(out), split_file=str(split_file_for(out)), min_triplets=2,
+                text_encoder=TOK, image_size=32, resize_size=32, batch_size=4)
+    dm = VisualGenomeDataModule(validation="test", **args)  # the official model selection: val = test
     dm.setup()
     assert dm.relation_labels == result["relation_labels"] and len(dm.object_classes) == 55
     split = json.loads(split_file_for(out).read_text())
     for s in ("train", "val", "test"):
         assert dm.datasets[s].image_ids.tolist() == sorted(split[s])
+    carved = VisualGenomeDataModule(**args)  # default: validation images carved out of the training images
+    carved.setup()
+    train, val = carved.datasets["train"].image_ids.tolist(), carved.datasets["val"].image_ids.tolist()
+    assert val and not set(val) & set(train) and sorted(train + val) == sorted(split["train"])
     kept = {img["image_id"]: img for img in result["images"]}
     for s in ("train", "test"):
         ds = dm.datasets[s]

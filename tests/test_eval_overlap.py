@@ -228,6 +228,30 @@ def test_exclude_eval_images_leaves_out_an_earlier_stage_s_images(chain, tmp_pat
     assert len(dm.val_dataset) == len(_coco(world).val_dataset)
 
 
+def test_stage2_exclude_eval_images_keeps_val_and_test_off_stage1_scenes(chain, tmp_path):
+    """VG-BERT's train/test split (no val of its own) with test images stage 1 trained on: exclude_eval_images drops
+    them from test and carves validation only out of training images stage 1 never saw (the paper config's fix)."""
+    world = chain["world"]
+    train, held_out = _world_ids(world, "train"), _world_ids(world, "val") + _world_ids(world, "test")
+    split = tmp_path / "train_test.json"
+    split.write_text(json.dumps({"train": train[3:] + held_out[len(held_out) // 2:], "val": [],
+                                 "test": train[:3] + held_out[:len(held_out) // 2]}))
+    dm = _vg(world, split_file=str(split), val_size=2, exclude_eval_images=[str(chain["stage1"])])
+    dm.setup()
+    stage1 = {image_key("coco", i) for i in train}
+    for name in ("val", "test"):
+        assert not set(dm.image_keys(name)[:, 1].tolist()) & stage1, name
+    plain = _vg(world, split_file=str(split), val_size=2)
+    plain.setup()
+    plain_test = plain.datasets["test"].image_ids.tolist()
+    assert set(plain_test) & set(train[:3])  # the split does hold stage-1 scenes in test
+    assert dm.datasets["test"].image_ids.tolist() == [i for i in plain_test if i not in set(train)]
+    assert len(dm.datasets["val"]) == 2 and set(dm.datasets["val"].image_ids.tolist()) <= set(held_out)
+    _setup_check(_stage2(str(chain["stage1"]), dm), dm)  # no overlap left: the fit-time check passes
+    with pytest.raises(EvalOverlapError):  # without the exclusion the check stops the fit
+        _setup_check(_stage2(str(chain["stage1"]), plain), plain)
+
+
 # ------------------------------------------------------------------------------------------------ the command
 def _stage2_config(path: Path, world: Path, root: Path) -> Path:
     path.write_text(yaml.safe_dump({
