@@ -167,14 +167,14 @@ SWEEPS = sorted((EXPERIMENTS_DIR / "sweeps").glob("*.yaml"))
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.name for p in SWEEPS])
 def test_sweep_expands_to_valid_cli_runs(path):
     """Every grid point of a wandb sweep is a command whose overrides the CLI accepts."""
-    from grounding.sweep import build_command, expand_grid
+    from grounding.sweep import build_command, expand_grid, fit_arguments
 
     sweep = yaml.safe_load(path.read_text())
     grid = expand_grid(sweep, str(path))
     assert len(grid) >= 2
     for params in grid:
         cmd = build_command(sweep, params)
-        args = cmd[cmd.index("grounding") + 1:]  # after `python -m grounding`
+        args = fit_arguments(cmd)  # the fit it runs: `python -m grounding fit ...` (itself, or `grounding.sweep run`'s)
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
             main([*args, "--print_config"])
