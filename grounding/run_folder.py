@@ -38,6 +38,13 @@ class RunFolderError(UserInputError):
     """A run folder that another run owns (running now, or holding a different config's checkpoints)."""
 
 
+def best_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The run's newest ``checkpoints/best-*.ckpt`` (its monitored metric's best), or None: what ``--ckpt_path best``
+    names."""
+    best = sorted((Path(root) / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return best[-1] if best else None
+
+
 def config_file(root: str | os.PathLike, command: str) -> Path:
     return Path(root) / (FIT_CONFIG if command == "fit" else f"config.{command}.yaml")
 

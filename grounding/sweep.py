@@ -63,6 +63,7 @@ from pathlib import Path
 import yaml
 
 from grounding.errors import UserInputError, user_errors_exit
+from grounding.run_folder import best_checkpoint
 from grounding.utils.io import atomic_write_csv, atomic_write_json, atomic_write_text
 
 PROG = "python -m grounding.sweep"
@@ -316,13 +317,6 @@ class RunPlan:
 
     def python(self, module: str, args: list[str]) -> list[str]:
         return [sys.executable, "-m", module, *args]
-
-
-def best_checkpoint(folder: str | os.PathLike) -> Path | None:
-    """The run's best checkpoint as ``--ckpt_path best`` resolves it (grounding.cli.resolve_run_checkpoint): the
-    newest ``<folder>/checkpoints/best-*.ckpt``."""
-    best = sorted((Path(folder) / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return best[-1] if best else None
 
 
 def stage_text_encoder(folder: str | os.PathLike) -> str | None:
