@@ -32,6 +32,14 @@ STE_OUT ?= outputs/semclip/ste_wordnet
 # VG-BERT chain: stage1 -> stage2 -> stage3 (search heads). Tiny configs on the embedded world by
 # default; e.g. `make stage1 STAGE1_CONFIG=experiments/vgbert/stage1_paper.yaml STAGE1_OUT=outputs/vgbert/stage1_paper`.
 # STAGE1_ARGS, STAGE2_ARGS, STAGE3_ARGS (like BASELINE_ARGS) add options to a stage's fit, e.g. "--trainer.max_epochs 1".
+# Stage 0 (the visual stream's classification pretraining, App. A.1) on the world's object crops: `make stage0`;
+# stage 1 from its visual stream: `make stage1-from-stage0` (stage1_paper.yaml names stage0_paper's itself).
+STAGE0_CONFIG ?= experiments/vgbert/stage0_tiny.yaml
+STAGE0_OUT ?= outputs/vgbert/stage0_tiny
+STAGE0_CROPS ?= $(WORLD)/object_crops
+STAGE0_CROP_ARGS ?= --max-per-class 40
+STAGE1_FROM_STAGE0_OUT ?= outputs/vgbert/stage1_tiny_from_stage0
+.PHONY: stage0 stage1-from-stage0
 STAGE1_CONFIG ?= experiments/vgbert/stage1_tiny.yaml
 STAGE1_OUT ?= outputs/vgbert/stage1_tiny
 STAGE2_CONFIG ?= experiments/vgbert/stage2_tiny.yaml
@@ -136,6 +144,19 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 # The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stage 2
 # links it as best.ckpt: the model that is tested is the one stage 3 and the semantic-space report use.
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
+
+stage0: install  ## VG-BERT stage 0: the visual stream's classification pretraining (App. A.1) on the world's object crops, then test top-1/top-5
+	$(call world_for,$(STAGE0_CONFIG))
+	$(if $(call world_reader,$(STAGE0_CONFIG)),$(PY) -m data_modules.object_crops --vg $(WORLD)/visual_genome --out $(STAGE0_CROPS) $(STAGE0_CROP_ARGS))
+	$(CLI) fit --config $(STAGE0_CONFIG) --trainer.default_root_dir $(STAGE0_OUT) $(STAGE0_ARGS)
+	ln -f $(call best_ckpt,$(STAGE0_OUT)) $(STAGE0_OUT)/checkpoints/.best.ckpt.tmp && \
+	  mv -f $(STAGE0_OUT)/checkpoints/.best.ckpt.tmp $(STAGE0_OUT)/checkpoints/best.ckpt
+	$(CLI) test --config $(STAGE0_CONFIG) --trainer.default_root_dir $(STAGE0_OUT) --ckpt_path $(STAGE0_OUT)/checkpoints/best.ckpt
+
+stage1-from-stage0: install  ## VG-BERT stage 1 whose visual stream starts from stage 0's best checkpoint (STAGE1_FROM_STAGE0_OUT)
+	$(call first,$(STAGE0_OUT)/checkpoints/best.ckpt,stage0)
+	$(MAKE) --no-print-directory stage1 STAGE1_OUT=$(STAGE1_FROM_STAGE0_OUT) \
+	  STAGE1_ARGS="--model.init_args.visual_init_from $(STAGE0_OUT)/checkpoints/best.ckpt $(STAGE1_ARGS)"
 
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
 	$(call world_for,$(STAGE1_CONFIG))

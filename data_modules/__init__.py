@@ -1,5 +1,6 @@
-"""LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome and the WordNet
-similarity lists, plus the embedded world generator (``python -m data_modules.synthetic``). Data sits
+"""LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome, the WordNet
+similarity lists and ImageNet-style class folders, plus the embedded world generator (``python -m
+data_modules.synthetic``) and its object crops (``python -m data_modules.object_crops``). Data sits
 below the models: this package imports only the suite's core (``grounding/*.py``, ``grounding/utils``);
 what needs a model (SemCLIP's VLM-embedded alignment pairs) lives in ``grounding.semclip``.
 
@@ -21,10 +22,11 @@ _EXPORTS = {
     "VocabularyLabelMapping": "visual_genome",
     "CleanedVGLabelMapping": "vg_cleaning",
     "SimilarityListsDataModule": "similarity_lists",
+    "ImageFolderDataModule": "image_folder", "ImageFolderDataset": "image_folder",
 }
 __all__ = sorted(_EXPORTS)
 # Modules holding LightningDataModules: imported by the CLI so classes resolve by short name.
-DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists")
+DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists", "image_folder")
 
 
 def __getattr__(name: str):

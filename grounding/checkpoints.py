@@ -32,9 +32,9 @@ def require_checkpoint_file(path: str | Path, what: str, fix: str) -> Path:
     return path
 
 
-def check_stage_checkpoint(path: str | Path, what: str, prefixes: tuple[str, ...]) -> None:
-    """Before any model is built: ``path`` holds weights under each of ``prefixes`` (it is a ``what`` checkpoint).
-    Memory-mapped: only the checkpoint's index is read, not its tensors."""
+def check_stage_checkpoint(path: str | Path, what: str, prefixes: tuple[str, ...], option: str = "init_from") -> None:
+    """Before any model is built: ``path`` (given as ``option``) holds weights under each of ``prefixes`` (it is a
+    ``what`` checkpoint). Memory-mapped: only the checkpoint's index is read, not its tensors."""
     path = Path(path).expanduser()
     try:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
@@ -44,7 +44,7 @@ def check_stage_checkpoint(path: str | Path, what: str, prefixes: tuple[str, ...
     absent = [p for p in prefixes if not any(str(k).startswith(p) for k in state)]
     if absent:
         raise CheckpointError(f"{path} is not a {what} checkpoint: it has no weights under {', '.join(absent)}. "
-                              f"Fix: set init_from to a {what} run's checkpoint (outputs/<run>/checkpoints/*.ckpt).")
+                              f"Fix: set {option} to a {what} run's checkpoint (outputs/<run>/checkpoints/*.ckpt).")
 
 
 def read_checkpoint(path: str | Path, what: str) -> dict:

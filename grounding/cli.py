@@ -133,6 +133,9 @@ class GroundingCLI(LightningCLI):
         for labels, size in (("relation_labels", "num_relations"), ("object_classes", "num_object_classes")):
             parser.link_arguments(f"data.{labels}", f"model.init_args.{labels}", compute_fn=list, apply_on="instantiate")
             parser.link_arguments(f"data.{labels}", f"{net}.{size}", compute_fn=len, apply_on="instantiate")
+        # Stage 0's classes are the image folders' (ImageFolderDataModule.class_names) and size the classifier.
+        parser.link_arguments("data.class_names", "model.init_args.class_names", compute_fn=list, apply_on="instantiate")
+        parser.link_arguments("data.class_names", f"{net}.num_classes", compute_fn=len, apply_on="instantiate")
         # The STE's vocabulary is the similarity lists'; SemCLIP's Γ_t maps the pairs' VLM width to the STE's.
         parser.link_arguments("data.vocab", f"{net}.vocab_size", compute_fn=len, apply_on="instantiate")
         parser.link_arguments("data.vlm_dim", f"{net}.in_dim", apply_on="instantiate")
@@ -191,19 +194,29 @@ def _class_of(class_path) -> type | None:
         return None  # the normal run reports it
 
 
+def checkpoint_options(module_class) -> dict[str, tuple[str, tuple[str, ...]] | None]:
+    """The model's options naming a checkpoint to start from, each with (stage name, weight prefixes it must hold)
+    or None: ``init_from`` always; the class attribute ``init_from_checkpoint`` is that pair for ``init_from``, or a
+    dict of option -> pair (GroundingPretrain's ``visual_init_from``: a stage-0 checkpoint)."""
+    declared = getattr(module_class, "init_from_checkpoint", None)
+    return {"init_from": None, **(declared if isinstance(declared, dict) else {"init_from": declared})}
+
+
 def check_inputs_early(config, subcommand: str | None) -> None:
     """Inputs validated before any model is built (loading a text encoder takes 20-100 s): the model's
-    ``init_from`` checkpoint exists, and the DataModule, built alone from the config, passes its own
-    ``check_inputs()`` (roots, annotation and caption files, STE / VLM files). Raises the suite's
-    :class:`~grounding.errors.UserInputError`; anything else is left to the normal run to report."""
-    init_from = (config.model.get("init_args") or {}).get("init_from") if config.get("model") else None
-    if isinstance(init_from, str) and subcommand == "fit" and config.get("ckpt_path") is None:  # read only then
-        require_checkpoint_file(init_from, "init_from", "train the stage it starts from first (the README's `make` "
-                                "targets chain them), or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt)")
-        module_class = _class_of(config.model.get("class_path"))
-        stage = getattr(module_class, "init_from_checkpoint", None)  # (stage name, weight prefixes it must hold)
-        if stage is not None:
-            check_stage_checkpoint(init_from, *stage)
+    ``init_from`` (or other :func:`checkpoint_options`) checkpoint exists, and the DataModule, built alone from
+    the config, passes its own ``check_inputs()`` (roots, annotation and caption files, STE / VLM files). Raises the
+    suite's :class:`~grounding.errors.UserInputError`; anything else is left to the normal run to report."""
+    if config.get("model") and subcommand == "fit" and config.get("ckpt_path") is None:  # read only then
+        init_args = config.model.get("init_args") or {}
+        for option, stage in checkpoint_options(_class_of(config.model.get("class_path"))).items():
+            path = init_args.get(option)
+            if not isinstance(path, str):
+                continue
+            require_checkpoint_file(path, option, "train the stage it starts from first (the README's `make` targets "
+                                    f"chain them), or set {option} to its .ckpt file (outputs/<run>/checkpoints/last.ckpt)")
+            if stage is not None:
+                check_stage_checkpoint(path, *stage, option=option)
     if not config.get("data"):
         return
     parser = ArgumentParser(exit_on_error=False)

@@ -26,7 +26,7 @@ WORLD_DATA = {
     "SimilarityListsDataModule": {"subtree_of": ["dog.n.01", "chair.n.01"]},
 }
 OFFLINE_MODEL = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None,
-                 "visual_heads": 4, "init_from": None}
+                 "visual_heads": 4, "init_from": None, "visual_init_from": None}
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -130,6 +130,11 @@ def offline_overrides(path, world, tmp_path):
             args.append(f"--data.init_args.region_boxes={world / 'visual_genome' / 'objects.json'}")
         if data_args.get("region_files"):  # detector regions as the paper's files: random ones for every image
             args.append(f"--data.init_args.region_files={world_region_files(world, tmp_path / 'regions', net_args['region_dim'])}")
+    if data_name == "ImageFolderDataModule":  # VG-BERT stage 0: the world's object boxes as class folders
+        from data_modules.object_crops import crop_objects
+
+        crop_objects(world / "visual_genome", tmp_path / "object_crops", min_size=4)
+        args.append(f"--data.init_args.root={tmp_path / 'object_crops'}")
     for key, value in WORLD_DATA.get(data_name, {}).items():
         if key == "root":
             value = str(world / value)

@@ -1,5 +1,6 @@
 """VG-BERT (Explainable semantic space by grounding language to vision, Zhang et al.).
 
+Stage 0: the visual stream pretrained for object classification (App. A.1) — :class:`VisualPretrain`.
 Stage 1: cross-modal contrastive grounding of BERT on image captions with the match-map
 similarity (§3.1) — :class:`GroundingPretrain`, and the CLIP-style :class:`DualEncoderBaseline`.
 Stage 2: relational finetune on Visual Genome (§3.2) — :class:`RelationalFinetune`; multimodal
@@ -13,7 +14,8 @@ from grounding.vgbert.relational import (BilinearRelation, CrossModalAttention, 
                                          VGBertRelational)
 from grounding.vgbert.finetune import RelationalFinetune
 from grounding.vgbert.search_heads import MultimodalSearch, SearchHead, SearchHeads
+from grounding.vgbert.visual_pretrain import VisualPretrain, VisualStreamClassifier
 
 __all__ = ["VisualStream", "LanguageStream", "GroundingPretrain", "MatchMapGrounding", "DualEncoderBaseline",
            "RelationalFinetune", "VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier",
-           "SearchHeads", "SearchHead", "MultimodalSearch"]
+           "SearchHeads", "SearchHead", "MultimodalSearch", "VisualPretrain", "VisualStreamClassifier"]

@@ -7,18 +7,25 @@ batch, the frozen-backbone feature cache and chunked retrieval evaluation.
 
 Checkpoint layout (used by the relational finetune): ``model.visual.*`` and ``model.language.*``
 hold the streams, ``model.visual_head`` / ``model.language_head`` the projection heads.
+
+``visual_init_from``: the visual stream's embedder, positional encoding and self-attention start from a stage-0
+checkpoint (``VisualPretrain``, App. A.1: ImageNet classification), as the official code starts stage 1; unset,
+they start from random (the suite's recorded runs).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from grounding.caption_retrieval import CaptionRetrievalModule
+from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
 from grounding.encoders import load_tokenizer
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
-from grounding.nets import RecordedNet
+from grounding.nets import RecordedNet, net_hparams
 from grounding.vgbert.match_map import REDUCTIONS, chunked_match_scores, match_map_scores
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
 
@@ -72,6 +79,11 @@ EVAL_BLOCKS = {"cpu": (64, 256), "cuda": (128, 512)}
 
 LOSS_TERMS = {"both": (True, True), "l": (True, False), "v": (False, True)}
 
+# What stage 1 takes from a stage-0 checkpoint (App. A.1): the visual stream without its frozen CNN (the CNN keeps
+# its ImageNet weights, stage 0 does not train it) and without stage 0's classifier.
+STAGE0_MODULES = ("embedder", "embed_norm", "attention")
+STAGE0_PREFIXES = ("model.visual.embedder.", "model.visual.attention.", "model.visual.position")
+
 
 class GroundingPretrain(CaptionRetrievalModule):
     """VG-BERT stage 1 (§3.1/§3.3, App. A.2) as a LightningModule; monitors ``val/rsum`` (max).
@@ -91,14 +103,20 @@ class GroundingPretrain(CaptionRetrievalModule):
     eval_image_chunk / eval_text_chunk (evaluation blocks; null = by device: 64 x 256 on a CPU, 196 MiB of fp32
     match maps at 14x14 / T=16, ~90 % of the GEMM rate; 128 x 512 on a GPU, 65 % on an H100; make bench),
     eval_fold_size (COCO-1K folds; automatic
-    at >= 5K images).
+    at >= 5K images), visual_init_from [a stage-0 checkpoint (``VisualPretrain``): the visual stream's embedder
+    (with its layer norm), positional encoding and self-attention start from it, as the official code does
+    (stage1_paper.yaml); null = random, the tiny / Flickr8k configs and the recorded runs].
     """
+
+    # checked by `python -m grounding` before any model is built (grounding/cli.py: checkpoint_options)
+    init_from_checkpoint = {"visual_init_from": ("stage-0", STAGE0_PREFIXES)}
 
     def __init__(self, net: MatchMapGrounding, temperature: float = 0.1, use_loss_l: bool = True,
                  use_loss_v: bool = True, loss_terms: str | None = None, word_reduction: str = "sum",
                  feature_cache: bool = True, feature_cache_dir: str | None = None, max_match_elements: int = 1 << 28,
                  eval_image_chunk: int | None = None, eval_text_chunk: int | None = None, eval_fold_size: int | None = None,
-                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None,
+                 visual_init_from: str | None = None):
         super().__init__(optimizer, lr_scheduler, feature_cache, feature_cache_dir, eval_fold_size)
         if loss_terms is not None:  # one switch for sweeps: "both" | "l" | "v" (App. A.2 Table 2)
             if loss_terms not in LOSS_TERMS:
@@ -111,6 +129,34 @@ class GroundingPretrain(CaptionRetrievalModule):
         self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
         self.hparams.use_loss_l, self.hparams.use_loss_v = use_loss_l, use_loss_v
         self.model = self.adopt_net(net)
+        self._visual_loaded = False
+
+    def setup(self, stage: str) -> None:
+        # not when resuming (--ckpt_path): the run's own weights are restored
+        if stage == "fit" and self.hparams.visual_init_from and not self._visual_loaded and not self.trainer.ckpt_path:
+            self.load_stage0(self.hparams.visual_init_from)
+
+    def load_stage0(self, path: str | Path) -> None:
+        """The visual stream's embedder (+ layer norm), positional encoding and self-attention from a stage-0
+        (``VisualPretrain``) checkpoint; the CNN, the language stream and the projection heads stay as they are."""
+        ckpt = read_checkpoint(path, "stage-0")
+        visual = self.model.visual
+        width = net_hparams(ckpt["hyper_parameters"]).get("width")
+        if width is not None and width != visual.width:
+            raise CheckpointError(f"stage-0 checkpoint {path} has a visual stream of width {width}, but this model's "
+                                  f"text encoder ({self.model.init_args['text_encoder']}) has width {visual.width}; "
+                                  f"train stage 0 with width {visual.width}.")
+        arch = self.model.init_args
+        load_submodules(self.model, ckpt, {f"model.visual.{m}.": f"visual.{m}" for m in STAGE0_MODULES}, path,
+                        "stage-0", {k: arch[k] for k in ("backbone", "visual_heads", "image_size")})
+        position = ckpt["state_dict"].get("model.visual.position")
+        if position is None or tuple(position.shape) != tuple(visual.position.shape):
+            found = "none" if position is None else tuple(position.shape)
+            raise CheckpointError(f"stage-0 checkpoint {path}: positional encoding {found}, this model's is "
+                                  f"{tuple(visual.position.shape)}; use the same backbone / image_size as stage 0.")
+        with torch.no_grad():
+            visual.position.copy_(position)
+        self._visual_loaded = True
 
     def encode_images(self, images):
         return self.model.encode_images(images).flatten(1, 2)  # (B, h*w, p)
