@@ -141,16 +141,18 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 
-# The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stage 2
-# links it as best.ckpt: the model that is tested is the one stage 3 and the semantic-space report use.
+# The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stages 0, 1
+# and 2 link it as best.ckpt: stage 1 (from stage 0) and stage 2 (from stage 1) start from it, as the official
+# code, stage 3 from stage 2's, and stage 2 tests the model that stage 3 and the semantic-space report use.
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
+link_best = ln -f $(call best_ckpt,$(1)) $(1)/checkpoints/.best.ckpt.tmp && \
+  mv -f $(1)/checkpoints/.best.ckpt.tmp $(1)/checkpoints/best.ckpt
 
 stage0: install  ## VG-BERT stage 0: the visual stream's classification pretraining (App. A.1) on the world's object crops, then test top-1/top-5
 	$(call world_for,$(STAGE0_CONFIG))
 	$(if $(call world_reader,$(STAGE0_CONFIG)),$(PY) -m data_modules.object_crops --vg $(WORLD)/visual_genome --out $(STAGE0_CROPS) $(STAGE0_CROP_ARGS))
 	$(CLI) fit --config $(STAGE0_CONFIG) --trainer.default_root_dir $(STAGE0_OUT) $(STAGE0_ARGS)
-	ln -f $(call best_ckpt,$(STAGE0_OUT)) $(STAGE0_OUT)/checkpoints/.best.ckpt.tmp && \
-	  mv -f $(STAGE0_OUT)/checkpoints/.best.ckpt.tmp $(STAGE0_OUT)/checkpoints/best.ckpt
+	$(call link_best,$(STAGE0_OUT))
 	$(CLI) test --config $(STAGE0_CONFIG) --trainer.default_root_dir $(STAGE0_OUT) --ckpt_path $(STAGE0_OUT)/checkpoints/best.ckpt
 
 stage1-from-stage0: install  ## VG-BERT stage 1 whose visual stream starts from stage 0's best checkpoint (STAGE1_FROM_STAGE0_OUT)
@@ -161,6 +163,7 @@ stage1-from-stage0: install  ## VG-BERT stage 1 whose visual stream starts from 
 stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal contrastive loss), then test retrieval
 	$(call world_for,$(STAGE1_CONFIG))
 	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) $(STAGE1_ARGS)
+	$(call link_best,$(STAGE1_OUT))
 	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/last.ckpt
 
 baseline: install  ## CLIP-style dual-encoder baseline on the same data, then test retrieval
@@ -168,12 +171,13 @@ baseline: install  ## CLIP-style dual-encoder baseline on the same data, then te
 	$(CLI) fit --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) $(BASELINE_ARGS)
 	$(CLI) test --config $(BASELINE_CONFIG) --trainer.default_root_dir $(BASELINE_OUT) --ckpt_path $(BASELINE_OUT)/checkpoints/last.ckpt
 
-stage2: install  ## VG-BERT stage 2: relational finetune from the stage-1 checkpoint, then test relation/object accuracy (best val relation top-1)
+stage2: install  ## VG-BERT stage 2: relational finetune from stage 1's best validation checkpoint, then test relation/object accuracy (best val relation top-1)
 	$(call world_for,$(STAGE2_CONFIG))
-	$(call made_first,$(STAGE1_OUT)/checkpoints/last.ckpt)
-	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/last.ckpt $(STAGE2_ARGS)
-	ln -f $(call best_ckpt,$(STAGE2_OUT)) $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp && \
-	  mv -f $(STAGE2_OUT)/checkpoints/.best.ckpt.tmp $(STAGE2_OUT)/checkpoints/best.ckpt
+	+@test -e $(STAGE1_OUT)/checkpoints/best.ckpt || ! ls $(STAGE1_OUT)/checkpoints/best-*.ckpt >/dev/null 2>&1 || \
+	  { $(call link_best,$(STAGE1_OUT)); }  # a stage-1 run from before stage 1 linked its best
+	$(call made_first,$(STAGE1_OUT)/checkpoints/best.ckpt)
+	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/best.ckpt $(STAGE2_ARGS)
+	$(call link_best,$(STAGE2_OUT))
 	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/best.ckpt
 
 stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkpoint, then a Fig. 7 search grid

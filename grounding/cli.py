@@ -30,7 +30,7 @@ from grounding.checkpoints import check_stage_checkpoint, require_checkpoint_fil
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
-from grounding.run_folder import RunLock, check_fit_target, write_run_config, write_run_metrics
+from grounding.run_folder import RunLock, best_checkpoint, check_fit_target, write_run_config, write_run_metrics
 from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
@@ -257,8 +257,7 @@ def resolve_run_checkpoint(ckpt_path: str | None, root_dir: str | None, subcomma
         found = folder / "last.ckpt"
         found = found if found.is_file() else None
     else:
-        best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-        found = best[-1] if best else None
+        found = best_checkpoint(folder.parent)
     if found is not None:
         return str(found)
     if subcommand == "fit" and ckpt_path == "last":

@@ -20,9 +20,10 @@ from grounding.paths import EXPERIMENTS_DIR
 # Where each DataModule finds its layout inside the generated world, and what else to override
 # so the run stays on tiny offline data.
 WORLD_DATA = {
-    "CocoCaptionsDataModule": {"root": "coco", "layout": "official", "karpathy_file": None},
-    "FlickrDataModule": {"root": "flickr", "captions_file": None, "karpathy_file": None},
-    "VisualGenomeDataModule": {"root": "visual_genome", "label_mapping": None, "split_file": None, "min_triplets": 1},
+    "CocoCaptionsDataModule": {"root": "coco", "layout": "official", "karpathy_file": None, "exclude_eval_images": None},
+    "FlickrDataModule": {"root": "flickr", "captions_file": None, "karpathy_file": None, "exclude_eval_images": None},
+    "VisualGenomeDataModule": {"root": "visual_genome", "label_mapping": None, "split_file": None, "min_triplets": 1,
+                               "exclude_eval_images": None},
     "SimilarityListsDataModule": {"subtree_of": ["dog.n.01", "chair.n.01"]},
 }
 OFFLINE_MODEL = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None,

@@ -22,12 +22,11 @@ from torch import nn
 
 from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
-from grounding.encoders import load_tokenizer
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import RecordedNet, net_hparams
 from grounding.vgbert.match_map import REDUCTIONS, chunked_match_scores, match_map_scores
-from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask
+from grounding.vgbert.streams import LanguageStream, VisualStream, special_token_ids, word_mask
 
 
 class MatchMapGrounding(RecordedNet):
@@ -51,10 +50,7 @@ class MatchMapGrounding(RecordedNet):
         self.visual_head = nn.Linear(d, p)
         self.language_head = nn.Linear(d, p)
         self.normalize = normalize
-        self.special_ids: tuple[int, ...] = ()
-        if not count_special_tokens:
-            tok = load_tokenizer(text_encoder)
-            self.special_ids = tuple(t for t in (tok.cls_token_id, tok.sep_token_id) if t is not None)
+        self.special_ids = special_token_ids(text_encoder, count_special_tokens)
 
     def _norm(self, x):
         return nn.functional.normalize(x, dim=-1) if self.normalize else x
