@@ -147,6 +147,9 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
 link_best = ln -f $(call best_ckpt,$(1)) $(1)/checkpoints/.best.ckpt.tmp && \
   mv -f $(1)/checkpoints/.best.ckpt.tmp $(1)/checkpoints/best.ckpt
+# A stage's val/test leave out every image the stage it starts from (and that one's chain) trained on: the
+# earlier run's best.ckpt, whatever path the config names (docs/configs.md, evaluation images and earlier stages).
+held_out_of = --data.init_args.exclude_eval_images '[$(1)/checkpoints/best.ckpt]'
 
 stage0: install  ## VG-BERT stage 0: the visual stream's classification pretraining (App. A.1) on the world's object crops, then test top-1/top-5
 	$(call world_for,$(STAGE0_CONFIG))
@@ -164,7 +167,7 @@ stage1: install  ## VG-BERT stage 1: grounding pretrain (match map + cross-modal
 	$(call world_for,$(STAGE1_CONFIG))
 	$(CLI) fit --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) $(STAGE1_ARGS)
 	$(call link_best,$(STAGE1_OUT))
-	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/last.ckpt
+	$(CLI) test --config $(STAGE1_CONFIG) --trainer.default_root_dir $(STAGE1_OUT) --ckpt_path $(STAGE1_OUT)/checkpoints/best.ckpt
 
 baseline: install  ## CLIP-style dual-encoder baseline on the same data, then test retrieval
 	$(call world_for,$(BASELINE_CONFIG))
@@ -176,15 +179,15 @@ stage2: install  ## VG-BERT stage 2: relational finetune from stage 1's best val
 	+@test -e $(STAGE1_OUT)/checkpoints/best.ckpt || ! ls $(STAGE1_OUT)/checkpoints/best-*.ckpt >/dev/null 2>&1 || \
 	  { $(call link_best,$(STAGE1_OUT)); }  # a stage-1 run from before stage 1 linked its best
 	$(call made_first,$(STAGE1_OUT)/checkpoints/best.ckpt)
-	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/best.ckpt $(STAGE2_ARGS)
+	$(CLI) fit --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --model.init_args.init_from $(STAGE1_OUT)/checkpoints/best.ckpt $(call held_out_of,$(STAGE1_OUT)) $(STAGE2_ARGS)
 	$(call link_best,$(STAGE2_OUT))
-	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/best.ckpt
+	$(CLI) test --config $(STAGE2_CONFIG) --trainer.default_root_dir $(STAGE2_OUT) --ckpt_path $(STAGE2_OUT)/checkpoints/best.ckpt $(call held_out_of,$(STAGE1_OUT))
 
 stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkpoint, then a Fig. 7 search grid
 	$(call world_for,$(STAGE3_CONFIG) $(SEARCH_IMAGES) $(SEARCH_QUERY_IMAGE))
 	$(call made_first,$(STAGE2_OUT)/checkpoints/best.ckpt)
-	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt $(STAGE3_ARGS)
-	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt
+	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt $(call held_out_of,$(STAGE2_OUT)) $(STAGE3_ARGS)
+	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt $(call held_out_of,$(STAGE2_OUT))
 	$(PY) -m grounding.vgbert.search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
 	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png
 

@@ -469,7 +469,18 @@ class GroundingDataModule(LightningDataModule):
         raise NotImplementedError
 
     dataset_name = "data"
-    exclude_eval_images: Sequence[str] = ()  # set by the subclasses that take the option
+    exclude_eval_images: Sequence[str] = ()  # set by the subclasses that take the option (set_excluded_eval_images)
+
+    def set_excluded_eval_images(self, items: Sequence[str] | str | os.PathLike | None) -> None:
+        """``exclude_eval_images`` as a list: one path, a list of them, or None."""
+        self.exclude_eval_images = [items] if isinstance(items, (str, os.PathLike)) else list(items or [])
+
+    def check_not_all_excluded(self, hit: np.ndarray, split: str, root: Path) -> None:
+        """Stop when ``exclude_eval_images`` leaves a split empty (``hit``: per image, listed)."""
+        if hit.any() and hit.all():
+            raise MalformedDataError(f"{self.dataset_name} at {root}: exclude_eval_images leaves no {split!r} image (all "
+                                     f"{int(hit.sum())} are listed). Fix: evaluate on other images, or shorten "
+                                     "exclude_eval_images.")
 
     def excluded_eval_keys(self) -> np.ndarray:
         """The keys ``exclude_eval_images`` names (checkpoint records and image lists), sorted unique."""
@@ -482,7 +493,12 @@ class GroundingDataModule(LightningDataModule):
             if path.suffix == ".ckpt":
                 found.append(checkpoint_training_keys(path))
                 continue
-            lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+            try:
+                lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+            except UnicodeDecodeError:
+                raise MalformedDataError(f"{self.dataset_name}: exclude_eval_images file {path} is not a text list of "
+                                         "image keys. Fix: give a Lightning checkpoint ending in .ckpt, or one image "
+                                         "key a line (coco:<id>, flickr:<id>, vg:<id>, file:<name>).") from None
             try:
                 found.append(np.array([parse_key(ln) for ln in lines if ln and not ln.startswith("#")], dtype=np.int64))
             except ValueError as e:
@@ -582,8 +598,7 @@ class CaptionDataModule(GroundingDataModule):
         self.train_subset = train_subset
         self.test_subset = test_subset
         self.val_subset = val_subset
-        self.exclude_eval_images = ([exclude_eval_images] if isinstance(exclude_eval_images, (str, os.PathLike))
-                                    else list(exclude_eval_images or []))
+        self.set_excluded_eval_images(exclude_eval_images)
         self.split_keys: dict[str, np.ndarray] = {}
 
     def read_splits(self, root: Path) -> dict[str, CaptionSplit]:
@@ -614,12 +629,9 @@ class CaptionDataModule(GroundingDataModule):
         if len(excluded):
             for name in ("val", "test"):
                 hit, _ = overlapping(splits[name].image_keys(), excluded)
+                self.check_not_all_excluded(hit, name, root)
                 splits[name] = splits[name].subset(np.flatnonzero(~hit).tolist())
                 log.info("%s %s: %d image(s) left out (exclude_eval_images)", type(self).__name__, name, int(hit.sum()))
-                if hit.any() and not len(splits[name]):
-                    raise MalformedDataError(
-                        f"{self.dataset_name} at {root}: exclude_eval_images leaves no {name!r} image (all "
-                        f"{int(hit.sum())} are listed). Fix: evaluate on other images, or shorten exclude_eval_images.")
         if self.train_subset is not None and self.train_subset < len(splits["train"]):
             rng = np.random.default_rng(self.seed)
             keep = np.sort(rng.choice(len(splits["train"]), size=self.train_subset, replace=False))

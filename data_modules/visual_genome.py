@@ -16,7 +16,7 @@ import os
 from array import array
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -500,7 +500,7 @@ class VisualGenomeDataModule(GroundingDataModule):
 
     def __init__(self, root: str = "data/world/visual_genome", image_dir: str | None = None,
                  split_file: str | None = None, val_size: float | int = 0.05, test_size: float | int = 0.05,
-                 validation: str = "carve", exclude_eval_images: list[str] | str | None = None,
+                 validation: Literal["carve", "test"] = "carve", exclude_eval_images: list[str] | str | None = None,
                  label_mapping: LabelMapping | str | None = None, min_triplets: int = 1, max_objects: int | None = 50,
                  max_attributes: int = 2, drop_unmapped: bool = True, min_object_count: int = 1,
                  min_relation_count: int = 1, cache: bool = True, text_encoder: str = "minilm", max_length: int = 32,
@@ -519,8 +519,7 @@ class VisualGenomeDataModule(GroundingDataModule):
         if validation not in VALIDATION:
             raise ValueError(f"VisualGenomeDataModule: validation must be one of {VALIDATION}; got {validation!r}")
         self.validation = validation
-        self.exclude_eval_images = ([exclude_eval_images] if isinstance(exclude_eval_images, (str, os.PathLike))
-                                    else list(exclude_eval_images or []))
+        self.set_excluded_eval_images(exclude_eval_images)
         self._excluded: np.ndarray | None = None
         self.label_mapping = label_mapping
         self.min_triplets = min_triplets
@@ -623,6 +622,8 @@ class VisualGenomeDataModule(GroundingDataModule):
             return out
         rng = np.random.default_rng(self.seed)
         order = candidates[rng.permutation(len(candidates))]
+        listed = self._excluded_rows(order)  # exclude_eval_images' images go to train: val/test draw from the others
+        order = np.concatenate([order[~listed], order[listed]])
         n_test = _split_count(self.test_size, len(order), "test_size")
         n_val = 0 if self.validation == "test" else _split_count(self.val_size, len(order) - n_test, "val_size")
         if n_test + n_val == 0 or n_test + n_val >= len(order):
@@ -637,7 +638,7 @@ class VisualGenomeDataModule(GroundingDataModule):
         eligible = train[~self._excluded_rows(train)]
         n_val = _split_count(self.val_size, len(train), "val_size")
         if n_val >= len(train) or n_val > len(eligible):
-            raise ValueError(f"VisualGenomeDataModule: val_size={self.val_size} asks for {n_val} validation images of "
+            raise MalformedDataError(f"VisualGenomeDataModule: val_size={self.val_size} asks for {n_val} validation images of "
                              f"{len(train)} training images ({len(eligible)} not excluded by exclude_eval_images); "
                              "lower it, or set validation: test.")
         val = np.random.default_rng(self.seed).permutation(eligible)[:n_val]
@@ -662,11 +663,8 @@ class VisualGenomeDataModule(GroundingDataModule):
         for split in ("val", "test"):
             hit = self._excluded_rows(rows[split])
             if hit.any():
+                self.check_not_all_excluded(hit, split, root)
                 log.info("VisualGenomeDataModule %s: %d image(s) left out (exclude_eval_images)", split, int(hit.sum()))
-                if hit.all():
-                    raise MalformedDataError(f"Visual Genome at {root}: exclude_eval_images leaves no {split!r} image "
-                                             f"(all {int(hit.sum())} are listed). Fix: evaluate on other images (a split "
-                                             "file), or shorten exclude_eval_images.")
                 rows[split] = rows[split][~hit]
         return rows
 

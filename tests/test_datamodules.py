@@ -371,6 +371,20 @@ def test_visual_genome_split_carried_by_the_mapping(tmp_path):
         vg_module(tmp_path, validation="val")
 
 
+def test_visual_genome_seeded_split_keeps_listed_images_in_training(tmp_path):
+    write_vg(tmp_path)
+    everything = vg_module(tmp_path)
+    everything.setup()
+    ids = {s: everything.datasets[s].image_ids.tolist() for s in ("train", "val", "test")}
+    listed = ids["val"] + ids["test"]  # the images the unrestricted seeded split evaluates on
+    (tmp_path / "held.txt").write_text("".join(f"vg:{i}\n" for i in listed))
+    dm = vg_module(tmp_path, exclude_eval_images=str(tmp_path / "held.txt"))
+    dm.setup()
+    val, test = dm.datasets["val"].image_ids.tolist(), dm.datasets["test"].image_ids.tolist()
+    assert len(val) == len(test) == 2 and not set(val + test) & set(listed)
+    assert set(listed) <= set(dm.datasets["train"].image_ids.tolist())  # drawn into training, not lost
+
+
 def test_visual_genome_with_the_vg_bert_cleaning(tiny_world, tmp_path):
     from data_modules.vg_cleaning import clean_visual_genome, split_file_for
 

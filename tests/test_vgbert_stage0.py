@@ -208,6 +208,18 @@ def test_stage1_loads_the_stage0_visual_stream(tmp_path):
     _stage0_checkpoint(tmp_path / "heads.ckpt", heads=4)
     with pytest.raises(CheckpointError, match="visual_heads"):
         stage1.load_stage0(tmp_path / "heads.ckpt")
+    # App. A.1's baseline (no self-attention) holds untrained attention weights: refused, not silently loaded
+    _stage0_checkpoint(tmp_path / "baseline.ckpt", use_attention=False)
+    with pytest.raises(CheckpointError, match="use_attention: false"):
+        stage1.load_stage0(tmp_path / "baseline.ckpt")
+    # a stage-1 checkpoint has the visual stream but no classifier: not a stage-0 checkpoint
+    from grounding.checkpoints import check_stage_checkpoint
+    from grounding.vgbert.pretrain import STAGE0_PREFIXES
+
+    torch.save({"state_dict": stage1.state_dict(), "hyper_parameters": dict(stage1.hparams)}, tmp_path / "s1.ckpt")
+    with pytest.raises(CheckpointError, match="not a stage-0 checkpoint.*model.head."):
+        check_stage_checkpoint(tmp_path / "s1.ckpt", "stage-0", STAGE0_PREFIXES, "visual_init_from")
+    check_stage_checkpoint(tmp_path / "stage0.ckpt", "stage-0", STAGE0_PREFIXES, "visual_init_from")
 
 
 def test_visual_init_from_defaults_to_none_and_the_paper_config_names_stage0():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torchmetrics.classification import MulticlassAccuracy
@@ -56,7 +57,7 @@ class RelationalFinetune(GroundingModule):
     def __init__(self, net: VGBertRelational, relation_labels: list[str], object_classes: list[str],
                  init_from: str | None = None, temperature: float = 1.0, use_loss_rel: bool = True,
                  use_loss_obj: bool = True, use_object_loss: bool = True, mask_same_pair: bool = True,
-                 drop_loss: str = "none", loss_normalisation: str = "triplet", top_k: tuple[int, ...] = (1, 10),
+                 drop_loss: str = "none", loss_normalisation: Literal["triplet", "image"] = "triplet", top_k: tuple[int, ...] = (1, 10),
                  feature_cache: bool = True,
                  feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):

@@ -78,7 +78,7 @@ LOSS_TERMS = {"both": (True, True), "l": (True, False), "v": (False, True)}
 # What stage 1 takes from a stage-0 checkpoint (App. A.1): the visual stream without its frozen CNN (the CNN keeps
 # its ImageNet weights, stage 0 does not train it) and without stage 0's classifier.
 STAGE0_MODULES = ("embedder", "embed_norm", "attention")
-STAGE0_PREFIXES = ("model.visual.embedder.", "model.visual.attention.", "model.visual.position")
+STAGE0_PREFIXES = ("model.visual.embedder.", "model.visual.attention.", "model.visual.position", "model.head.")
 
 
 class GroundingPretrain(CaptionRetrievalModule):
@@ -137,6 +137,10 @@ class GroundingPretrain(CaptionRetrievalModule):
         (``VisualPretrain``) checkpoint; the CNN, the language stream and the projection heads stay as they are."""
         ckpt = read_checkpoint(path, "stage-0")
         visual = self.model.visual
+        if net_hparams(ckpt["hyper_parameters"]).get("use_attention") is False:
+            raise CheckpointError(f"stage-0 checkpoint {path} is App. A.1's baseline without self-attention "
+                                  "(use_attention: false): its positional encoding and self-attention were never "
+                                  "trained. Give a stage-0 checkpoint trained with use_attention: true.")
         width = net_hparams(ckpt["hyper_parameters"]).get("width")
         if width is not None and width != visual.width:
             raise CheckpointError(f"stage-0 checkpoint {path} has a visual stream of width {width}, but this model's "
