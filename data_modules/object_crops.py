@@ -85,7 +85,10 @@ def crop_objects(vg_root: str | os.PathLike, out: str | os.PathLike, margin: flo
                                "synsets per image). Fix: run `make world` (the world's copy is data/world/visual_genome) "
                                "or point --vg at a Visual Genome folder.")
     stat = objects_file.stat()
+    splits_file = root / "splits.json"  # decides each crop's split (a rewritten one makes the crops stale)
+    splits = splits_file.stat() if splits_file.is_file() else None
     params = {"version": FORMAT_VERSION, "objects": [str(objects_file.resolve()), stat.st_size, stat.st_mtime_ns],
+              "splits": [splits.st_size, splits.st_mtime_ns] if splits else None,
               "margin": margin, "min_size": min_size, "size": size, "val_fraction": val_fraction, "seed": seed,
               "max_per_class": max_per_class}
     key = sha1_of_json(params)

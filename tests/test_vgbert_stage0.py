@@ -59,6 +59,20 @@ def test_object_crops_tree_is_complete_and_kept(crops, tiny_world, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
+def test_object_crops_rebuilt_when_the_split_file_changes(tiny_world, tmp_path, capsys):
+    import os
+    import shutil
+
+    vg = tmp_path / "vg"
+    shutil.copytree(tiny_world / "visual_genome", vg)
+    crop_objects(vg, tmp_path / "crops", min_size=4)
+    capsys.readouterr()
+    stat = (vg / "splits.json").stat()
+    os.utime(vg / "splits.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a rewritten split file
+    crop_objects(vg, tmp_path / "crops", min_size=4)
+    assert "up to date" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------------ DataModule
 def test_image_folder_datamodule(crops):
     from data_modules import ImageFolderDataModule
@@ -333,6 +347,11 @@ def test_occlusion_command_writes_its_figures(crops, tmp_path, capsys):
     assert c["trials"] == 3 * 16 and c["better_total_percent"] + c["worse_total_percent"] <= 100 + 1e-6
     assert "attention better in" in capsys.readouterr().out
     assert not list(out.glob(".*tmp*"))
+    # two attention models are not App. A.1's comparison: one line, exit 2
+    with pytest.raises(SystemExit) as exit_info:
+        occlusion_main(["--ckpt", str(with_attention), "--baseline-ckpt", str(with_attention), "--images",
+                        str(crops / "val"), "--out", str(tmp_path / "again"), "--limit", "1"])
+    assert exit_info.value.code == 2 and "use_attention: false" in capsys.readouterr().err
 
 
 def test_occlusion_command_bad_input_exit_2(crops, tmp_path, capsys):

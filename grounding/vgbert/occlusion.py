@@ -144,6 +144,9 @@ def occlusion_analysis(ckpt: str | Path, images: str | Path, out: str | Path, ba
     if not first.model.use_attention:
         raise OcclusionError(f"--ckpt {ckpt} has no self-attention (use_attention: false); give the attention model "
                              "as --ckpt and this one as --baseline-ckpt.")
+    if baseline_ckpt is not None and models["no attention"].model.use_attention:
+        raise OcclusionError(f"--baseline-ckpt {baseline_ckpt} has self-attention: the baseline of App. A.1 is a "
+                             "stage-0 model trained with use_attention: false (experiments/vgbert/stage0_*.yaml).")
     listing = list_class_images(folder)
     unknown = sorted(set(listing) - set(classes))
     if unknown or not any(listing.values()):
