@@ -31,7 +31,7 @@ from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.run_folder import RunLock, best_checkpoint, check_fit_target, write_run_config, write_run_metrics
-from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries
+from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries, init_checkpoints
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
 STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
@@ -231,7 +231,7 @@ def check_inputs_early(config, subcommand: str | None) -> None:
     if callable(check):
         check()
     init_args = (config.model.get("init_args") or {}) if config.get("model") else {}
-    earlier = [v for k, v in init_args.items() if (k == "init_from" or k.endswith("_init_from")) and isinstance(v, str)]
+    earlier = init_checkpoints(init_args)
     if earlier and subcommand == "fit" and config.get("ckpt_path") is None and not config.get("allow_eval_overlap") \
             and callable(getattr(datamodule, "image_keys", None)):
         # the evaluation splits against the training images recorded along the init_from chain (the fit's

@@ -219,10 +219,8 @@ def checkpoint_entries(path: str | Path, depth: int = 1, _seen: tuple = ()) -> l
         return from_checkpoint(record, str(path), shift=depth)
     entries = [{"depth": depth, "checkpoint": str(path), "run": None, "dataset": None, "root": None, "images": None,
                 "keys": None}]
-    hparams = ckpt.get("hyper_parameters") or {}
-    for key, parent in hparams.items():
-        if (key == "init_from" or str(key).endswith("_init_from")) and isinstance(parent, str) and parent:
-            entries += checkpoint_entries(parent, depth + 1, (*_seen, str(path.resolve())))
+    for parent in init_checkpoints(ckpt.get("hyper_parameters") or {}):
+        entries += checkpoint_entries(parent, depth + 1, (*_seen, str(path.resolve())))
     return entries
 
 
@@ -238,14 +236,19 @@ def checkpoint_training_keys(path: str | Path) -> np.ndarray:
     return key_set(np.concatenate([e["keys"] for e in entries if e.get("keys") is not None] or [np.zeros(0, np.int64)]))
 
 
+def init_checkpoints(options) -> list[str]:
+    """The checkpoints that a stage's options (hyperparameters, or a config's ``init_args``) start it from: every
+    non-empty string under ``init_from`` or ``*_init_from`` (``init_from``, stage 1's ``visual_init_from``)."""
+    return [v for k, v in options.items() if (k == "init_from" or str(k).endswith("_init_from")) and isinstance(v, str) and v]
+
+
 def built_from(pl_module) -> list[str]:
-    """The checkpoints a module was built from: its ``built_from_checkpoints()``, else every hyperparameter
-    named ``init_from`` or ``*_init_from`` that names a file (``init_from``, stage 1's ``visual_init_from``)."""
+    """The checkpoints a module was built from: its ``built_from_checkpoints()``, else :func:`init_checkpoints` of
+    its hyperparameters."""
     method = getattr(pl_module, "built_from_checkpoints", None)
     if callable(method):
         return [str(p) for p in method() if p]
-    hparams = getattr(pl_module, "hparams", None) or {}
-    return [v for k, v in hparams.items() if (k == "init_from" or str(k).endswith("_init_from")) and isinstance(v, str) and v]
+    return init_checkpoints(getattr(pl_module, "hparams", None) or {})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -400,6 +403,6 @@ class TrainingImages(Callback):
             checkpoint[RECORD_KEY] = to_checkpoint(self.entries)
 
 
-__all__ = ["EvalOverlapError", "TrainingImages", "RECORD_KEY", "check_evaluation", "checkpoint_entries",
+__all__ = ["EvalOverlapError", "TrainingImages", "RECORD_KEY", "check_evaluation", "checkpoint_entries", "init_checkpoints",
            "checkpoint_training_keys", "describe_key", "file_key", "flickr_file_key", "image_key", "image_keys",
            "key_set", "overlapping", "parse_key"]

@@ -146,7 +146,7 @@ def test_head_and_baseline_switch():
     images = torch.randn(2, 3, 32, 32)
     maps = net.backbone_maps(images)
     assert torch.allclose(net(images), net(maps))  # pixels or cached backbone maps alike
-    expected = net.head[-1](net.embedded(maps).mean((1, 2)))  # no positional encoding, no self-attention
+    expected = net.head[-1](net.visual.embed(maps).mean((1, 2)))  # no positional encoding, no self-attention
     assert torch.allclose(net(images), expected, atol=1e-6)
     assert not any(p.requires_grad for p in net.visual.attention.parameters()) and not net.visual.position.requires_grad
     with pytest.raises(ValueError, match="without self-attention"):
@@ -163,7 +163,7 @@ def test_attention_weights_are_the_layers():
     assert weights.shape == (2, 4, 4, 4) and torch.allclose(weights.sum(-1), torch.ones(2, 4, 4))
     # the layer's output rebuilt from these weights (post-norm encoder layer) equals the stream's
     visual, layer = net.visual, net.visual.attention
-    x = (net.embedded(net.backbone_maps(images)) + visual.position).reshape(2, 4, 32)
+    x = (net.visual.embed(net.backbone_maps(images)) + visual.position).reshape(2, 4, 32)
     v = torch.nn.functional.linear(x, layer.self_attn.in_proj_weight[64:], layer.self_attn.in_proj_bias[64:])
     heads = (weights @ v.reshape(2, 4, 4, 8).transpose(1, 2)).transpose(1, 2).reshape(2, 4, 32)
     h = layer.norm1(x + layer.self_attn.out_proj(heads))

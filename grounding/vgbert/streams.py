@@ -106,10 +106,17 @@ class VisualStream(nn.Module):
             raise ValueError(f"VisualStream ({self.backbone_name}) expects feature maps (B,{self.in_channels},h,w); "
                              f"got shape {tuple(features.shape)}. Was the feature cache built with another backbone?")
         b, _, h, w = features.shape
-        x = self.embed_norm(self.embedder(features.to(self.embedder.weight.dtype).permute(0, 2, 3, 1)))  # B,h,w,d
-        x = x + self.positional_encoding(h, w)
-        x = self.attention(x.reshape(b, h * w, self.width))
+        x = self.attention(self.attention_input(features))
         return x.reshape(b, h, w, self.width)
+
+    def embed(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone maps (B,C,h,w) -> embedded, layer-normalised tokens (B,h,w,d), before the position code."""
+        return self.embed_norm(self.embedder(features.to(self.embedder.weight.dtype).permute(0, 2, 3, 1)))
+
+    def attention_input(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone maps (B,C,h,w) -> the self-attention layer's input (B,h*w,d): embedded tokens + PE(x, y)."""
+        b, _, h, w = features.shape
+        return (self.embed(features) + self.positional_encoding(h, w)).reshape(b, h * w, self.width)
 
 
 def _bert_layers(bert: nn.Module) -> nn.ModuleList:

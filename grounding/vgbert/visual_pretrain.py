@@ -76,14 +76,10 @@ class VisualStreamClassifier(RecordedNet):
         """Pixels (B, 3, H, W) -> the frozen CNN's maps; cached maps (B, C, h, w) pass through."""
         return self.visual.backbone_features(images) if images.shape[1] == 3 else images
 
-    def embedded(self, maps: torch.Tensor) -> torch.Tensor:
-        """The embedder's tokens (B, h, w, d), before the positional encoding: the baseline's features."""
-        return self.visual.embed_norm(self.visual.embedder(maps.to(self.visual.embedder.weight.dtype).permute(0, 2, 3, 1)))
-
     def tokens(self, images: torch.Tensor) -> torch.Tensor:
         """Pixels or cached backbone maps -> visual tokens (B, h, w, d) (the self-attention's output)."""
         maps = self.backbone_maps(images)
-        return self.visual(features=maps) if self.use_attention else self.embedded(maps)
+        return self.visual(features=maps) if self.use_attention else self.visual.embed(maps)  # baseline: no PE / attention
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Pixels (B, 3, H, W) or cached backbone maps (B, C, h, w) -> class logits (B, num_classes)."""
@@ -94,9 +90,7 @@ class VisualStreamClassifier(RecordedNet):
         ``VisualStream.forward`` computes them (its layer is post-norm: attention over its input)."""
         if not self.use_attention:
             raise ValueError("this classifier was trained without self-attention (use_attention: false).")
-        maps = self.backbone_maps(images)
-        b, _, h, w = maps.shape
-        x = (self.embedded(maps) + self.visual.positional_encoding(h, w)).reshape(b, h * w, self.visual.width)
+        x = self.visual.attention_input(self.backbone_maps(images))
         _, weights = self.visual.attention.self_attn(x, x, x, need_weights=True, average_attn_weights=False)
         return weights
 
