@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,13 +42,41 @@ class _Rows(Dataset):
         return int(self.rows[i])
 
 
-class SimilarityListCollator:
-    """Turns a list of anchor rows into one contrastive batch (vectorised CSR gathering)."""
+POSITIVE_WEIGHTINGS = ("score", "uniform")
 
-    def __init__(self, lists: SimilarityLists, num_negatives: int = 0, seed: int = 0):
+
+def label_weights(lists: SimilarityLists, positive_weighting: str = "score", non_synonym_weight: float = 1.0) -> np.ndarray:
+    """Eq. 3's label value Y_ij of every list member (one per CSR pair, float32).
+
+    ``positive_weighting``: ``"score"`` Y_ij = the list score (Wu–Palmer, Eq. 1; synonyms 1) or
+    ``"uniform"`` Y_ij = 1 for every member. ``non_synonym_weight`` then multiplies Y_ij of the
+    members that are not synonyms of the anchor (the hypernym / hyponym, and with
+    ``include_siblings`` co-hyponym, neighbours; see :meth:`SimilarityLists.synonym_mask`): 1 keeps
+    the lists' own balance, < 1 shifts the pull towards synonyms, > 1 towards the neighbours, and 0
+    makes them zero-weight members: still encoded in the anchor's batch (so they stay in Eq. 3's
+    denominator) but no longer positives.
+    """
+    if positive_weighting not in POSITIVE_WEIGHTINGS:
+        raise ValueError(f"positive_weighting must be one of {POSITIVE_WEIGHTINGS}, got {positive_weighting!r}")
+    if not non_synonym_weight >= 0:
+        raise ValueError(f"non_synonym_weight must be >= 0, got {non_synonym_weight!r}")
+    y = lists.scores.astype(np.float32) if positive_weighting == "score" else np.ones(len(lists.scores), np.float32)
+    if non_synonym_weight != 1.0:
+        y = np.where(lists.synonym_mask(), y, np.float32(non_synonym_weight) * y).astype(np.float32)
+    return y
+
+
+class SimilarityListCollator:
+    """Turns a list of anchor rows into one contrastive batch (vectorised CSR gathering).
+
+    ``positive_weighting`` / ``non_synonym_weight``: how the label vectors Y are weighted (see
+    :func:`label_weights`; the defaults are the list scores as they are)."""
+
+    def __init__(self, lists: SimilarityLists, num_negatives: int = 0, seed: int = 0,
+                 positive_weighting: str = "score", non_synonym_weight: float = 1.0):
         self.indptr = torch.from_numpy(lists.indptr)
         self.indices = torch.from_numpy(lists.indices)
-        self.scores = torch.from_numpy(lists.scores)
+        self.scores = torch.from_numpy(label_weights(lists, positive_weighting, non_synonym_weight))
         self.anchors = torch.from_numpy(lists.anchors)
         self.vocab_size = len(lists.vocab)
         self.num_negatives = num_negatives
@@ -86,14 +115,26 @@ class SimilarityListsDataModule(LightningDataModule):
         batch_size: anchors per step (800 in the paper). num_negatives: extra vocabulary samples
             per step for the denominator. val_anchors: a fixed sample of anchors whose loss and
             synonym recovery are tracked (the lists are a fit target, not a held-out task).
+        positive_weighting: Eq. 3's label vector Y: ``score`` (the list scores, Wu–Palmer with
+            synonyms at 1; the default) or ``uniform`` (1 for every list member).
+        non_synonym_weight: a multiplier on Y of the list members that are not the anchor's
+            synonyms (its hypernym / hyponym neighbours), i.e. their share of the positive pull
+            against the synonyms': 1 (default) as the lists are, 0 synonyms-only positives (the
+            others stay in the batch as denominator terms). See :func:`label_weights`. Both apply to
+            the validation batches too (val/loss is then the loss of the chosen weighting).
     """
 
     def __init__(self, path: str | None = None, curated: str | None = None, max_depth_diff: int = 2,
                  wup_threshold: float = 0.8, include_siblings: bool = False, max_list_size: int | None = 64,
                  subtree_of: list[str] | None = None, batch_size: int = 800, num_negatives: int = 0,
-                 val_anchors: int = 2000, num_workers: int = 0, seed: int = 0):
+                 val_anchors: int = 2000, num_workers: int = 0, seed: int = 0,
+                 positive_weighting: Literal["score", "uniform"] = "score", non_synonym_weight: float = 1.0):
         super().__init__()
         self.save_hyperparameters()
+        if positive_weighting not in POSITIVE_WEIGHTINGS:  # fail at configuration, not after loading the lists
+            raise ValueError(f"positive_weighting must be one of {POSITIVE_WEIGHTINGS}, got {positive_weighting!r}")
+        if not non_synonym_weight >= 0:
+            raise ValueError(f"non_synonym_weight must be >= 0, got {non_synonym_weight!r}")
         self.config = SimilarityListConfig(max_depth_diff=max_depth_diff, wup_threshold=wup_threshold,
                                            include_siblings=include_siblings, max_list_size=max_list_size)
         self.lists: SimilarityLists | None = None
@@ -144,7 +185,8 @@ class SimilarityListsDataModule(LightningDataModule):
         rng = np.random.default_rng(self.hparams.seed)
         n_val = min(self.hparams.val_anchors, len(self.train_rows))
         self.val_rows = np.sort(rng.choice(self.train_rows, n_val, replace=False))
-        self.collate = SimilarityListCollator(lists, self.hparams.num_negatives, self.hparams.seed)
+        self.collate = SimilarityListCollator(lists, self.hparams.num_negatives, self.hparams.seed,
+                                              self.hparams.positive_weighting, self.hparams.non_synonym_weight)
 
     def _loader(self, rows, shuffle):
         return DataLoader(_Rows(rows), batch_size=self.hparams.batch_size, shuffle=shuffle, collate_fn=self.collate,

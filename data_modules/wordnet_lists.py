@@ -97,6 +97,17 @@ class SimilarityLists:
             self._rows = {int(a): r for r, a in enumerate(self.anchors)}
         return self._rows
 
+    def synonym_mask(self) -> np.ndarray:
+        """(n_pairs,) bool: the list member is a synonym of its anchor, i.e. a lemma of the anchor's
+        own synset (same ``word.pos.sense`` prefix of the lemma key); every other member is a
+        hypernym / hyponym (or sibling) neighbour. Keys that are not lemma keys (curated lists of
+        plain words) fall back on the score: a synonym scores 1 (Wu–Palmer of a synset with itself)."""
+        names = np.array([f"{m['word']}.{m['pos']}.{m['sense']}" if (m := LEMMA_KEY.match(k)) else "" for k in self.vocab],
+                         dtype=str)
+        synset = np.where(names == "", -1, np.unique(names, return_inverse=True)[1].reshape(-1))  # -1: not a lemma key
+        a, m = synset[np.repeat(self.anchors, np.diff(self.indptr))], synset[self.indices]
+        return np.where((a >= 0) & (m >= 0), a == m, self.scores >= 1.0)
+
     def statistics(self) -> dict:
         sizes = np.diff(self.indptr)
         return {
