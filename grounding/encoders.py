@@ -110,6 +110,42 @@ def load_text_encoder(name: str = OFFLINE_TEXT_ENCODER, **config_overrides):
     return _from_pretrained(AutoModel, name, add_pooling_layer=False, **config_overrides)
 
 
+
+def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """BERT's last hidden state (B,T,d) with every token-wise step run on the real tokens only.
+
+    A batch padded to its longest caption is about half padding (Flickr8k: 24–32 positions, ~14 words), and
+    BERT's projections, feed-forward and LayerNorms are token-wise: they run here on the (N,d) real tokens;
+    only the attention core sees the padded (B,h,T,dh) layout, with padded keys masked. The layer's own
+    submodules (Q/K/V, output, intermediate) do the work, so weights, dropout rates and the activation are
+    the encoder's. Same values as ``bert(...).last_hidden_state`` at real tokens (dropout aside: masks are
+    drawn over other shapes); padded positions are 0 (every consumer masks them).
+    """
+    config = bert.config
+    if getattr(config, "is_decoder", False) or getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError("packed_bert_forward supports encoder-only BERTs with absolute positions; "
+                         "set packed_tokens: false for this text encoder.")
+    b, t = input_ids.shape
+    mask = attention_mask.bool()
+    real = mask.reshape(-1).nonzero().squeeze(1)  # flat positions of the real tokens
+    x = bert.embeddings(input_ids=input_ids).reshape(b * t, -1).index_select(0, real)
+    key_mask = mask[:, None, None, :]
+
+    def padded(z: torch.Tensor) -> torch.Tensor:  # (N,w) real tokens -> (B*T,w), 0 at padding
+        return z.new_zeros(b * t, z.shape[-1]).index_copy(0, real, z)
+
+    for layer in bert.encoder.layer:
+        att = layer.attention.self
+        heads = att.num_attention_heads
+        q, k, v = (padded(proj(x)).view(b, t, heads, -1).transpose(1, 2) for proj in (att.query, att.key, att.value))
+        context = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask, dropout_p=att.dropout.p if att.training else 0.0, scale=att.scaling)
+        context = context.transpose(1, 2).reshape(b * t, -1).index_select(0, real)
+        x = layer.attention.output(context, x)
+        x = layer.output(layer.intermediate(x), x)
+    return padded(x).view(b, t, -1)
+
+
 # --------------------------------------------------------------------------------------------
 # Vision
 # --------------------------------------------------------------------------------------------

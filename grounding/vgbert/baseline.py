@@ -22,18 +22,20 @@ from grounding.vgbert.streams import LanguageStream, VisualStream
 
 
 class DualEncoder(RecordedNet):
-    """Two streams -> global pooling -> linear heads -> unit vectors."""
+    """Two streams -> global pooling -> linear heads -> unit vectors (``packed_tokens``: see LanguageStream)."""
 
     def __init__(self, text_encoder: str = "minilm", backbone: str = "efficientnet_lite0",
                  backbone_weights: str | None = "default", trainable_layers: int = 8, freeze_query_key: bool = True,
                  dropout: float = 0.3, visual_heads: int = 12, projection_dim: int | None = None,
-                 image_size: int = 224, text_pooling: str = "mean", attention_dropout: float | None = None):
+                 image_size: int = 224, text_pooling: str = "mean", attention_dropout: float | None = None,
+                 packed_tokens: bool = False):
         super().__init__()
         if text_pooling not in ("mean", "cls"):
             raise ValueError(f"text_pooling must be 'mean' or 'cls'; got {text_pooling!r}")
         # attention-probability dropout follows ``dropout`` unless given, as in stage 1 (MatchMapGrounding)
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
-                                       attention_dropout=dropout if attention_dropout is None else attention_dropout)
+                                       attention_dropout=dropout if attention_dropout is None else attention_dropout,
+                                       packed_tokens=packed_tokens)
         d = self.language.width
         self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size)
         p = projection_dim or d

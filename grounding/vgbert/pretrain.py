@@ -37,12 +37,13 @@ class MatchMapGrounding(RecordedNet):
                  dropout: float = 0.3, attention_dropout: float | None = None, visual_heads: int = 12,
                  projection_dim: int | None = None, image_size: int = 224, count_special_tokens: bool = False,
                  normalize: bool = False, visual_attention_dropout: float | None = None,
-                 visual_ffn_dropout: float | None = None):
+                 visual_ffn_dropout: float | None = None, packed_tokens: bool = False):
         super().__init__()
         # BERT's attention-probability dropout follows ``dropout`` unless given: the official code sets
         # hidden_dropout_prob and attention_probs_dropout_prob to the one rate (0.3, models/LanguageModels.py)
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
-                                       attention_dropout=dropout if attention_dropout is None else attention_dropout)
+                                       attention_dropout=dropout if attention_dropout is None else attention_dropout,
+                                       packed_tokens=packed_tokens)
         d = self.language.width
         self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size,
                                    attention_dropout=visual_attention_dropout, ffn_dropout=visual_ffn_dropout)
@@ -91,7 +92,8 @@ class GroundingPretrain(CaptionRetrievalModule):
     ([CLS]/[SEP] count as words: the official code's nwords includes them; default False), normalize
     (L2-normalise projected tokens; off in the paper), visual_attention_dropout / visual_ffn_dropout (the visual
     self-attention layer's dropout on attention probabilities / inside its FFN; null = dropout, the layout of
-    the suite's recorded runs; the official code has none: 0 in stage1_paper.yaml)). Training options (paper defaults in
+    the suite's recorded runs; the official code has none: 0 in stage1_paper.yaml), packed_tokens (BERT's
+    token-wise steps on real tokens only: same values, faster; on in the paper configs)). Training options (paper defaults in
     brackets): temperature tau [0.1], use_loss_l / use_loss_v [both] (or loss_terms "both" | "l" |
     "v"), word_reduction over words in Eq. 1 ["sum" (the paper's Eq. 1 as written); "mean" averages over
     the valid tokens, as the official code does (stage1_paper.yaml)],

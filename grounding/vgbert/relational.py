@@ -426,7 +426,7 @@ class VGBertRelational(RecordedNet):
     ``attention_dropout``, else ``dropout``; official 0), ``query_key_bias`` (official False),
     ``count_special_tokens`` (a description's [CLS]/[SEP] count among its tokens, as the official
     ``Bert_object`` mean), ``visual_attention_dropout`` / ``visual_ffn_dropout`` (the visual
-    self-attention's dropout layout, as stage 1; official 0).
+    self-attention's dropout layout, as stage 1; official 0). ``packed_tokens``: see :class:`LanguageStream`.
     """
 
     def __init__(self, num_relations: int, num_object_classes: int, text_encoder: str = "minilm",
@@ -438,10 +438,11 @@ class VGBertRelational(RecordedNet):
                  spatial_scale: float = 1.0, shared_object_transform: bool = False, relation_dropout: float = 0.0,
                  classifier_dropout: float = 0.0, cross_attention_dropout: float | None = None,
                  query_key_bias: bool = True, count_special_tokens: bool = False,
-                 visual_attention_dropout: float | None = None, visual_ffn_dropout: float | None = None):
+                 visual_attention_dropout: float | None = None, visual_ffn_dropout: float | None = None,
+                 packed_tokens: bool = False):
         super().__init__()
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
-                                       attention_dropout=attention_dropout)
+                                       attention_dropout=attention_dropout, packed_tokens=packed_tokens)
         d = self.language.width
         self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size,
                                    attention_dropout=visual_attention_dropout, ffn_dropout=visual_ffn_dropout)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.encoders import load_text_encoder, load_tokenizer, load_visual_backbone
+from grounding.encoders import load_text_encoder, load_tokenizer, load_visual_backbone, packed_bert_forward
 
 
 def check_heads(width: int, num_heads: int, where: str) -> None:
@@ -138,11 +138,14 @@ class LanguageStream(nn.Module):
         hidden_dropout / attention_dropout: BERT's hidden_dropout_prob / attention_probs_dropout_prob
             (None keeps the pretrained config's value).
         encoder: an already built BERT (tests, or reuse); overrides ``text_encoder``.
+        packed_tokens: run BERT's token-wise steps on the real tokens only
+            (:func:`grounding.encoders.packed_bert_forward`; same values, ~1.5x faster fwd+bwd on Flickr8k
+            captions, which are half padding). Off by default so recorded runs replay their dropout draws.
     """
 
     def __init__(self, text_encoder: str = "minilm", trainable_layers: int = 8, freeze_query_key: bool = True,
                  hidden_dropout: float | None = None, attention_dropout: float | None = None,
-                 encoder: nn.Module | None = None):
+                 encoder: nn.Module | None = None, packed_tokens: bool = False):
         super().__init__()
         overrides = {}
         if hidden_dropout is not None:
@@ -164,6 +167,7 @@ class LanguageStream(nn.Module):
             trainable_layers = n
         self.trainable_layers = trainable_layers
         self.freeze_query_key = freeze_query_key
+        self.packed_tokens = packed_tokens
         self.bert.requires_grad_(False)
         for layer in layers[n - trainable_layers:] if trainable_layers else []:
             layer.requires_grad_(True)
@@ -181,6 +185,8 @@ class LanguageStream(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Token ids (B,T) + mask -> contextual word representations L (B,T,d)."""
+        if self.packed_tokens:
+            return packed_bert_forward(self.bert, input_ids, attention_mask)
         return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
