@@ -4,8 +4,10 @@ It builds (or loads) the similarity-lists dataset file, exposes the vocabulary o
 serves batches of anchors with their list members and scores (Eq. 3's label vectors):
 
 ``{"anchors": long (B,) vocabulary ids, "candidates": long (C,) the unique vocabulary ids encoded
-this step (anchors, their list members, sampled negatives), "targets": float (B, C) Y_i restricted
-to the candidates, "anchor_position": long (B,) column of each anchor in the candidates}``
+this step (anchors, their list members, sampled negatives), "anchor_position": long (B,) column of
+each anchor in the candidates, and Eq. 3's label vectors Y_i in list form over the batch's M list
+members: "member_owner": long (M,) the anchor row, "member_position": long (M,) the candidate
+column, "member_weight": float (M,) Y_ij}`` (plus "targets", the dense (B, C) Y, on request).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class _Rows(Dataset):
     def __getitem__(self, i):
         return int(self.rows[i])
 
+    def __getitems__(self, i: list[int]) -> np.ndarray:  # a whole batch in one gather (the DataLoader's fast path)
+        return self.rows[i]
+
 
 POSITIVE_WEIGHTINGS = ("score", "uniform")
 
@@ -70,26 +75,28 @@ class SimilarityListCollator:
     """Turns a list of anchor rows into one contrastive batch (vectorised CSR gathering).
 
     ``positive_weighting`` / ``non_synonym_weight``: how the label vectors Y are weighted (see
-    :func:`label_weights`; the defaults are the list scores as they are)."""
+    :func:`label_weights`; the defaults are the list scores as they are). ``dense_targets`` adds
+    the (B, C) ``targets`` matrix of the dense loss form (tests, benchmarks); the list form is
+    always there."""
 
     def __init__(self, lists: SimilarityLists, num_negatives: int = 0, seed: int = 0,
-                 positive_weighting: str = "score", non_synonym_weight: float = 1.0):
+                 positive_weighting: str = "score", non_synonym_weight: float = 1.0, dense_targets: bool = False):
         self.indptr = torch.from_numpy(lists.indptr)
         self.indices = torch.from_numpy(lists.indices)
         self.scores = torch.from_numpy(label_weights(lists, positive_weighting, non_synonym_weight))
         self.anchors = torch.from_numpy(lists.anchors)
         self.vocab_size = len(lists.vocab)
         self.num_negatives = num_negatives
+        self.dense_targets = dense_targets
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
-        rows = torch.as_tensor(rows, dtype=torch.long)
+    def __call__(self, rows) -> dict[str, torch.Tensor]:
+        rows = torch.as_tensor(np.asarray(rows), dtype=torch.long)
         anchors = self.anchors[rows]
         starts, ends = self.indptr[rows], self.indptr[rows + 1]
         lens = ends - starts
         owner = torch.repeat_interleave(torch.arange(len(rows)), lens)
-        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-        flat = torch.repeat_interleave(starts, lens) + offsets
+        flat = torch.arange(int(lens.sum())) + torch.repeat_interleave(starts - (torch.cumsum(lens, 0) - lens), lens)
         members, weights = self.indices[flat], self.scores[flat]
         pool = [anchors, members]
         if self.num_negatives:  # Eq. 3's denominator ideally spans V: add uniform vocabulary samples
@@ -97,9 +104,17 @@ class SimilarityListCollator:
         candidates, inverse = torch.unique(torch.cat(pool), return_inverse=True)
         anchor_position = inverse[: len(anchors)]
         member_position = inverse[len(anchors): len(anchors) + len(members)]
-        targets = torch.zeros(len(anchors), len(candidates))
-        targets.index_put_((owner, member_position), weights, accumulate=False)
-        return {"anchors": anchors, "candidates": candidates, "targets": targets, "anchor_position": anchor_position}
+        batch = {"anchors": anchors, "candidates": candidates, "anchor_position": anchor_position,
+                 "member_owner": owner, "member_position": member_position, "member_weight": weights}
+        if self.dense_targets:
+            batch["targets"] = dense_targets(batch)
+        return batch
+
+
+def dense_targets(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The (B, C) label matrix Y of a batch's list form (0 off the lists)."""
+    targets = torch.zeros(len(batch["anchors"]), len(batch["candidates"]), dtype=batch["member_weight"].dtype)
+    return targets.index_put_((batch["member_owner"], batch["member_position"]), batch["member_weight"])
 
 
 class SimilarityListsDataModule(LightningDataModule):

@@ -25,14 +25,14 @@ def _synthetic_lists(groups=6, size=4) -> SimilarityLists:
 
 def test_collator_builds_eq3_label_vectors():
     lists = SimilarityLists.from_mapping({"a": [("b", 0.9), ("c", 0.5)], "b": [("a", 1.0)], "c": [], "d": [("a", 0.7)]})
-    batch = SimilarityListCollator(lists)([0, 3])  # anchors a and d
+    batch = SimilarityListCollator(lists, dense_targets=True)([0, 3])  # anchors a and d
     cand = batch["candidates"].tolist()
     assert sorted(cand) == cand and set(cand) == {0, 1, 2, 3}
     dense = torch.zeros(2, 4)
     dense[:, batch["candidates"]] = batch["targets"]
     assert dense.tolist() == [[0, pytest.approx(0.9), 0.5, 0], [pytest.approx(0.7), 0, 0, 0]]
     assert batch["candidates"][batch["anchor_position"]].tolist() == [0, 3]
-    with_neg = SimilarityListCollator(lists, num_negatives=5)([1])
+    with_neg = SimilarityListCollator(lists, num_negatives=5, dense_targets=True)([1])
     assert len(with_neg["candidates"]) >= 2 and with_neg["targets"].sum().item() == pytest.approx(1.0)
 
 

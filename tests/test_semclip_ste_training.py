@@ -43,13 +43,13 @@ def test_label_weights(weighting, w, expected):
 
 def test_collator_applies_the_weighting_and_keeps_zero_weight_members():
     lists = _keyed_lists()
-    batch = SimilarityListCollator(lists, positive_weighting="uniform", non_synonym_weight=0.0)([0])
+    batch = SimilarityListCollator(lists, positive_weighting="uniform", non_synonym_weight=0.0, dense_targets=True)([0])
     cand = [lists.vocab[i] for i in batch["candidates"]]
     # the zero-weight neighbours are still encoded (denominator terms), with Y = 0
     assert set(cand) == {"bag.n.01.bag", "bag.n.01.sack", "container.n.01.container", "purse.n.01.purse"}
     y = dict(zip(cand, batch["targets"][0].tolist()))
     assert y == {"bag.n.01.bag": 0.0, "bag.n.01.sack": 1.0, "container.n.01.container": 0.0, "purse.n.01.purse": 0.0}
-    default = SimilarityListCollator(lists)([0])
+    default = SimilarityListCollator(lists, dense_targets=True)([0])
     assert default["targets"][0].tolist() == pytest.approx(
         [{"bag.n.01.sack": 1.0, "container.n.01.container": 0.9, "purse.n.01.purse": 0.85}.get(lists.vocab[i], 0.0)
          for i in default["candidates"]])
@@ -73,3 +73,133 @@ def test_switches_from_the_command_line():
     assert default["positive_weighting"] == "score" and default["non_synonym_weight"] == 1.0
     with pytest.raises(ConfigError):
         resolved_config("experiments/semclip/ste_wordnet.yaml", [{"data": {"init_args": {"positive_weighting": "flat"}}}])
+
+
+# ------------------------------------------------------------------------------------------
+# The list form of Eq. 3 against the dense form
+# ------------------------------------------------------------------------------------------
+def _random_list_batch(generator, n_anchors=7, n_candidates=23, zero_weights=True, dtype=torch.float64):
+    from data_modules.similarity_lists import dense_targets
+
+    anchor_position = torch.randperm(n_candidates, generator=generator)[:n_anchors]
+    owner, position = [], []
+    for i in range(n_anchors):  # each anchor lists 1-6 other candidates (unique pairs, never itself)
+        others = torch.tensor([c for c in torch.randperm(n_candidates, generator=generator).tolist()
+                               if c != anchor_position[i]])
+        k = int(torch.randint(1, 7, (1,), generator=generator))
+        owner += [i] * k
+        position += others[:k].tolist()
+    weight = torch.rand(len(owner), generator=generator, dtype=dtype) * 0.4 + 0.6
+    if zero_weights:  # non_synonym_weight = 0 leaves zero-weight members in the lists
+        weight[::4] = 0.0
+    batch = {"anchors": anchor_position, "candidates": torch.arange(n_candidates), "anchor_position": anchor_position,
+             "member_owner": torch.tensor(owner), "member_position": torch.tensor(position), "member_weight": weight}
+    return batch, dense_targets(batch)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("temperature", [0.05, 0.5])
+def test_list_form_equals_the_dense_loss(reduction, temperature):
+    from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
+
+    g = torch.Generator().manual_seed(int(temperature * 100) + len(reduction))
+    batch, targets = _random_list_batch(g)
+    z = torch.randn(23, 5, generator=g, dtype=torch.float64)
+    grads = []
+    for form in ("dense", "list"):
+        zz = z.clone().requires_grad_()
+        anchor_z = zz[batch["anchor_position"]]
+        if form == "dense":
+            loss = multi_positive_contrastive_loss(anchor_z, zz, targets, temperature,
+                                                   anchor_position=batch["anchor_position"], reduction=reduction)
+        else:
+            loss = list_contrastive_loss(anchor_z, zz, batch["anchor_position"], batch["member_owner"],
+                                         batch["member_position"], batch["member_weight"], temperature, reduction=reduction)
+        weights = torch.linspace(0.5, 1.5, loss.numel(), dtype=torch.float64).reshape(loss.shape)
+        (loss * weights).sum().backward()
+        grads.append((loss.detach(), zz.grad))
+    (dense, g_dense), (listed, g_list) = grads
+    assert torch.allclose(listed, dense, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(g_list, g_dense, rtol=1e-10, atol=1e-12)
+
+
+def test_list_form_gradcheck():
+    from grounding.semclip.losses import list_contrastive_loss
+
+    g = torch.Generator().manual_seed(3)
+    batch, _ = _random_list_batch(g, n_anchors=3, n_candidates=6)
+    a = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    args = (batch["anchor_position"], batch["member_owner"], batch["member_position"], batch["member_weight"], 0.3)
+    assert torch.autograd.gradcheck(lambda a, c: list_contrastive_loss(a, c, *args, reduction="none"), (a, c))
+    assert torch.autograd.gradcheck(lambda a, c: list_contrastive_loss(a, c, *args, normalize=False), (a, c))
+
+
+def test_list_form_in_float32_matches_float64():
+    from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
+
+    g = torch.Generator().manual_seed(5)
+    batch, targets = _random_list_batch(g, n_anchors=40, n_candidates=300, zero_weights=False)
+    z = torch.randn(300, 16, generator=g, dtype=torch.float64)
+    ref = multi_positive_contrastive_loss(z[batch["anchor_position"]], z, targets, 0.05,
+                                          anchor_position=batch["anchor_position"], reduction="none")
+    z32 = z.float()
+    got = list_contrastive_loss(z32[batch["anchor_position"]], z32, batch["anchor_position"], batch["member_owner"],
+                                batch["member_position"], batch["member_weight"].float(), 0.05, reduction="none")
+    assert torch.allclose(got.double(), ref, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# The row-sparse Adam against torch's SparseAdam, and the training step against the old one
+# ------------------------------------------------------------------------------------------
+def test_row_sparse_adam_equals_sparse_adam():
+    from grounding.semclip.ste import RowSparseAdam
+
+    torch.manual_seed(0)
+    embeddings = [torch.nn.Embedding(50, 6, sparse=True) for _ in range(2)]
+    embeddings[1].load_state_dict(embeddings[0].state_dict())
+    opts = [torch.optim.SparseAdam(embeddings[0].parameters(), lr=0.05),
+            RowSparseAdam(embeddings[1].parameters(), lr=0.05)]
+    for step in range(6):
+        ids = torch.randint(0, 50, (30,))  # repeated ids: the autograd gradient is uncoalesced
+        target = torch.randn(30, 6)
+        for emb, opt in zip(embeddings, opts):
+            opt.zero_grad()
+            ((emb(ids) - target) ** 2).sum().backward()
+            opt.step()
+        assert torch.allclose(embeddings[1].weight, embeddings[0].weight, rtol=1e-5, atol=1e-6)
+    s0, s1 = (o.state_dict()["state"][0] for o in opts)
+    assert s0["step"] == s1["step"] == 6
+    assert torch.allclose(s1["exp_avg"], s0["exp_avg"], atol=1e-7)
+    assert torch.allclose(s1["exp_avg_sq"], s0["exp_avg_sq"], atol=1e-7)
+
+
+def test_training_step_equals_the_old_step():
+    """One training step (row gather, list form, RowSparseAdam) moves every parameter as the old step
+    did (nn.Embedding's sparse autograd, the dense Y, torch's SparseAdam)."""
+    from data_modules.similarity_lists import SimilarityListCollator
+    from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
+
+    lists = SimilarityLists.from_mapping({f"w{i}": [(f"w{(i + k) % 40}", 1.0 - 0.05 * k) for k in range(1, 5)]
+                                          for i in range(40)})
+    torch.manual_seed(0)
+    new = SemanticTextEmbedding(STEEncoder(40, encoding_size=8), embedding_lr=0.05)
+    old = SemanticTextEmbedding(STEEncoder(40, encoding_size=8), embedding_lr=0.05)
+    old.load_state_dict(new.state_dict())
+    new_opts = new.configure_optimizers()
+    old_opts = [torch.optim.SparseAdam(list(old.model.embedding.parameters()), lr=0.05),
+                torch.optim.Adam([p for n, p in old.model.named_parameters() if not n.startswith("embedding.")], lr=1e-3)]
+    new.optimizers = lambda: new_opts  # the LightningModule's hooks without a Trainer
+    new.manual_backward = lambda loss: loss.backward()
+    new.log = lambda *a, **k: None
+    collate, dense_collate = SimilarityListCollator(lists), SimilarityListCollator(lists, dense_targets=True)
+    for step in range(3):
+        rows = np.random.default_rng(step).permutation(40)[:9]
+        new.training_step(collate(rows), step)
+        for o in old_opts:
+            o.zero_grad()
+        old.batch_loss(dense_collate(rows)).backward()
+        for o in old_opts:
+            o.step()
+    for (name, p_new), p_old in zip(new.model.named_parameters(), old.model.parameters()):
+        assert torch.allclose(p_new, p_old, rtol=1e-5, atol=1e-6), name

@@ -36,3 +36,64 @@ def multi_positive_contrastive_loss(anchor_z: torch.Tensor, candidate_z: torch.T
     if reduction == "none":
         return per_anchor
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+class _ListContrastive(torch.autograd.Function):
+    """Eq. 3 with the label vectors in list form: one B x C pass for the softmax's denominator, the
+    numerator's terms gathered at the M list members only. Backward: ∂L_i/∂s_ia = ΣY_i · p_ia − Y_ia
+    (p = the softmax over a ≠ i), written straight into one B x C buffer; no dense Y, no log-probabilities."""
+
+    @staticmethod
+    def forward(ctx, anchor_z, candidate_z, anchor_position, member_owner, member_position, member_weight,
+                temperature, reduction):
+        rows = torch.arange(len(anchor_z), device=anchor_z.device)
+        logits = (anchor_z / temperature) @ candidate_z.T  # s_ia = z_i·z_a / τ, the 1/τ folded into B x D
+        logits[rows, anchor_position] = float("-inf")  # a ≠ i (supervised contrastive masking)
+        s_member = logits[member_owner, member_position]
+        top, arg = logits.max(dim=1)
+        p = torch.softmax(logits, dim=1)  # one fused row kernel; p at the row max is 1 / Σ_a exp(s_ia − max)
+        log_denominator = top - torch.log(p[rows, arg])  # log Σ_{a≠i} exp(s_ia)
+        y_total = torch.zeros_like(top).index_add_(0, member_owner, member_weight)  # Σ_j Y_ij
+        # where Y_ij = 0 the term vanishes (also at a masked column: no 0 · −inf)
+        numerator = torch.where(member_weight == 0, 0.0, member_weight * s_member)
+        per_anchor = y_total * log_denominator - torch.zeros_like(top).index_add_(0, member_owner, numerator)
+        ctx.save_for_backward(anchor_z, candidate_z, p, y_total, member_owner, member_position, member_weight)
+        ctx.temperature, ctx.reduction = temperature, reduction
+        if reduction == "mean":
+            return per_anchor.mean()
+        if reduction == "sum":
+            return per_anchor.sum()
+        return per_anchor
+
+    @staticmethod
+    def backward(ctx, grad):
+        anchor_z, candidate_z, p, y_total, owner, position, weight = ctx.saved_tensors
+        n = len(anchor_z)
+        g = grad.expand(n) / n if ctx.reduction == "mean" else grad.expand(n)
+        g = g / ctx.temperature  # ∂s/∂z carries 1/τ
+        d_logits = p * (g * y_total)[:, None]  # ΣY_i · p_ia (0 at the masked anchor column) ...
+        d_logits.index_put_((owner, position), -(g[owner] * weight), accumulate=True)  # ... − Y_ia
+        grad_anchor = d_logits @ candidate_z if ctx.needs_input_grad[0] else None
+        grad_candidate = d_logits.T @ anchor_z if ctx.needs_input_grad[1] else None
+        return grad_anchor, grad_candidate, None, None, None, None, None, None
+
+
+def list_contrastive_loss(anchor_z: torch.Tensor, candidate_z: torch.Tensor, anchor_position: torch.Tensor,
+                          member_owner: torch.Tensor, member_position: torch.Tensor, member_weight: torch.Tensor,
+                          temperature: float = 0.05, normalize: bool = True, reduction: str = "mean") -> torch.Tensor:
+    """Eq. 3 as :func:`multi_positive_contrastive_loss` (same value, same gradients), with Y in list form.
+
+    The M list members of the batch: ``member_owner`` (M,) the anchor row each belongs to,
+    ``member_position`` (M,) its column in the candidates, ``member_weight`` (M,) its Y_ij (pairs
+    unique). ``anchor_position`` (B,) is always masked out of the denominator. Memory and time: one
+    B x C logit buffer forward and one backward, instead of the dense form's B x C Y, mask and
+    log-probability tensors and their autograd copies.
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if normalize:
+        anchor_z = F.normalize(anchor_z, dim=-1)
+        candidate_z = F.normalize(candidate_z, dim=-1)
+    member_weight = member_weight.to(anchor_z.dtype)
+    return _ListContrastive.apply(anchor_z, candidate_z, anchor_position, member_owner, member_position,
+                                  member_weight, temperature, reduction)

@@ -2,9 +2,12 @@
 
 one-hot lemma -> embedding layer -> dense ReLU encoder (the STE vector, 300/1024/2048/4096) ->
 ReLU projection head (discarded after training), trained with Eq. 3 on the similarity lists.
-The embedding layer is a sparse ``nn.Embedding`` updated by ``SparseAdam`` (only the rows a batch
-touches), with the configured optimizer (Adam 1e-3) for the dense layers: a full-vocabulary epoch
-then costs the rows it uses, not |V| x d optimizer updates per step. A sparse row is updated only
+The embedding layer is a sparse ``nn.Embedding`` updated by :class:`RowSparseAdam` (SparseAdam's
+update on only the rows a batch touches), with the configured optimizer (Adam 1e-3) for the dense
+layers: a full-vocabulary epoch then costs the rows it uses, not |V| x d optimizer updates per step.
+A training step gathers the batch's candidate rows once, runs Eq. 3 in list form
+(:func:`~grounding.semclip.losses.list_contrastive_loss`) and hands the rows' gradient to the
+optimizer as it is (the candidates are unique: no sparse autograd, no coalescing). A sparse row is updated only
 when its lemma is in a batch (about 1 + list size times an epoch, against every step for a dense
 Adam whose momentum keeps moving it), so ``embedding_lr`` (default 10x the dense lr) restores the
 pace of the paper's single dense Adam 1e-3; measured in benchmarks/bench_semclip.py.
@@ -13,23 +16,71 @@ pace of the paper's single dense Adam 1e-3; measured in benchmarks/bench_semclip
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 from data_modules.wordnet_lists import lemma_surface
 from grounding.errors import MissingInputError
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.nets import RecordedNet
-from grounding.semclip.losses import multi_positive_contrastive_loss
+from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
 from grounding.utils.io import atomic_path
 
 
 def ste_default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3)  # §3 implementation details
+
+
+class RowSparseAdam(torch.optim.Optimizer):
+    """``torch.optim.SparseAdam``'s update (the same state: step, exp_avg, exp_avg_sq; the same
+    bias correction by the parameter's step count), computed on the gradient's rows only.
+
+    The gradient is a sparse COO tensor over rows (``nn.Embedding(sparse=True)``'s, or one built
+    with ``is_coalesced=True`` from unique row ids); for rows r with gradient g:
+    m_r ← β1·m_r + (1−β1)·g, v_r ← β2·v_r + (1−β2)·g², θ_r ← θ_r − lr·√(1−β2^t)/(1−β1^t) · m_r / (√v_r + ε).
+    Each moment is gathered, updated in one fused op and written back once (SparseAdam builds three
+    sparse tensors and two ``sparse_mask`` copies a step).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not p.grad.is_sparse:
+                    raise RuntimeError("RowSparseAdam needs a sparse (row) gradient; use Adam for dense ones")
+                grad = p.grad.coalesce()  # a no-op for a gradient built coalesced
+                rows, g = grad._indices()[0], grad._values()
+                if g.numel() == 0:
+                    continue
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m = state["exp_avg"].index_select(0, rows).lerp_(g, 1 - beta1)
+                v = state["exp_avg_sq"].index_select(0, rows).lerp_(g * g, 1 - beta2)
+                state["exp_avg"].index_copy_(0, rows, m)
+                state["exp_avg_sq"].index_copy_(0, rows, v)
+                step_size = group["lr"] * math.sqrt(1 - beta2 ** state["step"]) / (1 - beta1 ** state["step"])
+                p.index_add_(0, rows, m.div_(v.sqrt_().add_(group["eps"])), alpha=-step_size)
+        return loss
 
 
 class STEEncoder(RecordedNet):
@@ -49,6 +100,10 @@ class STEEncoder(RecordedNet):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.projection(self.encode(ids))
+
+    def head(self, rows: torch.Tensor) -> torch.Tensor:
+        """``forward`` from embedding rows already looked up (the training step's gathered rows)."""
+        return self.projection(self.encoder(rows))
 
     @torch.no_grad()
     def encode_all(self, chunk: int = 16384) -> torch.Tensor:
@@ -99,24 +154,38 @@ class SemanticTextEmbedding(GroundingModule):
         optimizers = [dense_opt]
         if self.sparse:
             lr = self.hparams.embedding_lr or 10 * dense_opt.param_groups[0]["lr"]
-            optimizers.insert(0, torch.optim.SparseAdam(list(self.model.embedding.parameters()), lr=lr))
+            optimizers.insert(0, RowSparseAdam(list(self.model.embedding.parameters()), lr=lr))
         if self.lr_scheduler_factory is None:
             return optimizers
         return optimizers, [self.lr_scheduler_factory(o) for o in optimizers]
 
-    def batch_loss(self, batch) -> torch.Tensor:
-        z = self.model(batch["candidates"])
+    def batch_loss(self, batch, z: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 3 on a batch (``z``: the candidates' projections when already computed); the list form,
+        or the dense form when the batch carries a dense ``targets`` matrix (same value)."""
+        z = self.model(batch["candidates"]) if z is None else z
         anchor_z = z[batch["anchor_position"]]
-        return multi_positive_contrastive_loss(anchor_z, z, batch["targets"], self.hparams.temperature,
-                                               anchor_position=batch["anchor_position"])
+        if "targets" in batch:
+            return multi_positive_contrastive_loss(anchor_z, z, batch["targets"], self.hparams.temperature,
+                                                   anchor_position=batch["anchor_position"])
+        return list_contrastive_loss(anchor_z, z, batch["anchor_position"], batch["member_owner"],
+                                     batch["member_position"], batch["member_weight"], self.hparams.temperature)
 
     def training_step(self, batch, batch_idx):
         optimizers = self.optimizers()
         optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
         for opt in optimizers:
             opt.zero_grad()
-        loss = self.batch_loss(batch)
-        self.manual_backward(loss)
+        if self.sparse:  # look up the candidates' rows once; their gradient is the embedding's, row-sparse
+            weight = self.model.embedding.weight
+            rows = weight.detach()[batch["candidates"]].requires_grad_()
+            loss = self.batch_loss(batch, self.model.head(rows))
+            self.manual_backward(loss)
+            # the collator's candidates are unique and sorted: a coalesced COO gradient as it is
+            weight.grad = torch.sparse_coo_tensor(batch["candidates"][None], rows.grad, weight.shape, is_coalesced=True,
+                                                  check_invariants=False)
+        else:
+            loss = self.batch_loss(batch)
+            self.manual_backward(loss)
         for opt in optimizers:
             opt.step()
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(batch["anchors"]))
@@ -141,13 +210,25 @@ class SemanticTextEmbedding(GroundingModule):
         sims = self._val_vectors[batch["anchors"]] @ self._val_vectors.T
         sims[torch.arange(n), batch["anchors"]] = -2.0
         top = sims.topk(min(10, sims.shape[1] - 1), dim=-1).indices
-        cand = batch["candidates"]
-        pos = torch.searchsorted(cand, top).clamp(max=len(cand) - 1)
-        member = (cand[pos] == top) & (batch["targets"].gather(1, pos) > 0)
+        # (anchor row, vocabulary id) keys of the positive list members, and of the 10 nearest
+        vocab = len(self._val_vectors)
+        positive = batch["member_weight"] > 0
+        members = batch["member_owner"][positive] * vocab + batch["candidates"][batch["member_position"][positive]]
+        nearest = torch.arange(n)[:, None] * vocab + top
+        member = torch.isin(nearest, members)
         self.log("val/list_recall@10", member.any(dim=1).float().mean(), prog_bar=True, batch_size=n)
 
     def on_validation_epoch_end(self):
         self._val_vectors = None
+
+    def configure_callbacks(self):
+        callbacks = super().configure_callbacks()
+        # The best-by-val/loss checkpoint without the optimizer state: last.ckpt (every epoch) is the resume
+        # point, and the |V| x d SparseAdam moments would triple the best file's size (~0.5 GB at WordNet scale).
+        for cb in callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.monitor:
+                cb.save_weights_only = True
+        return callbacks
 
     # ------------------------------------------------------------------------------ export
     def on_save_checkpoint(self, checkpoint):
