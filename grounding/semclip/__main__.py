@@ -4,6 +4,8 @@
   python -m grounding.semclip export --ckpt outputs/semclip/ste_wordnet/checkpoints/last.ckpt --out DIR
   python -m grounding.semclip report --ste outputs/semclip/ste_wordnet/embedding --out reports/semclip [--encoders minilm]
   python -m grounding.semclip evaluate --config experiments/semclip/align_world.yaml --out reports/semclip/world
+  python -m grounding.semclip evaluate --config experiments/semclip/align_flickr8k.yaml --photos ../shared/data/flickr8k \
+      --split test --out reports/semclip/flickr8k
   python -m grounding.semclip hard-negative-embeddings --vlm suite:CKPT --images data/flickr30k/flickr30k-images --out emb.npz
 
 Training itself goes through the suite's LightningCLI:
@@ -28,9 +30,10 @@ from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_li
 from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
-from grounding.semclip.alignment import load_transform
+from grounding.semclip.alignment import load_transform, minilm_lexical_variants
 from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
+from grounding.semclip.photo_evaluation import evaluate_photos, lazy, read_photo_split, write_photo_report
 from grounding.semclip.stability import evaluate_world, write_world_report
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
 from grounding.semclip.vlm import list_images, load_vlm
@@ -62,7 +65,8 @@ def _report(args):
         raise UsageError(f"--ste {args.ste} does not exist: give an exported STE folder (`make ste` writes "
                          "outputs/semclip/ste_wordnet/embedding) or a word2vec text file.")
     out = write_report(ste=args.ste, out=args.out, encoders=args.encoders, word_similarity=args.word_similarity,
-                       max_queries=args.max_queries, batch_size=args.batch_size)
+                       sample=args.sample if args.sample is not None else args.max_queries, batch_size=args.batch_size,
+                       cap_statistics=args.cap_statistics)
     print((Path(out) / "README.md").read_text())
 
 
@@ -99,16 +103,38 @@ def _evaluate(args):
     if (vlm.dim, ste.dim) != (transform.net[0].in_features, transform.net[-1].out_features):
         raise UsageError(f"The transform maps {transform.net[0].in_features} -> {transform.net[-1].out_features} but the "
                          f"VLM gives {vlm.dim} and the STE {ste.dim} dimensions: evaluate with the VLM/STE it was trained on.")
+    provenance = {"vlm": dm_args["vlm"], "ste": dm_args["ste"], "captions": dm_args["captions"],
+                  "caption_images": dm_args.get("caption_images"), "transform": transform_path}
+    if args.photos:
+        _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_args, provenance)
+        return
     bank = None
     if args.bank_captions:
         known = set(pairs["captions"])
         bank = [c for c in read_captions(args.bank_captions) if c not in known]
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
-                             bank_captions=bank, splits=args.splits, ks=args.ks, query_modes=args.query_modes)
-    out = write_world_report(results, args.out, provenance={"vlm": dm_args["vlm"], "ste": dm_args["ste"],
-                                                           "captions": dm_args["captions"], "transform": transform_path,
-                                                           "bank_captions": args.bank_captions})
+                             bank_captions=bank, splits=args.splits, ks=args.ks or [1, 5, 10, 50],
+                             query_modes=args.query_modes)
+    out = write_world_report(results, args.out, provenance={**provenance, "bank_captions": args.bank_captions})
     print((Path(out) / "README.md").read_text())
+
+
+def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_args, provenance):
+    """Tables 3–4 on a photo split (grounding.semclip.photo_evaluation), with bootstrap intervals."""
+    root = Path(args.photos)
+    at_root = lambda name: Path(name) if Path(name).is_absolute() or Path(name).exists() else root / name  # noqa: E731
+    image_list = at_root(args.image_list or f"Flickr_8k.{args.split}Images.txt")
+    split = read_photo_split(at_root(args.photo_captions), image_list, root / "images", name=args.split)
+    lexical = None
+    if dm_args.get("lexical_variants", True):  # as Γ_t's targets were built
+        lexical = lazy(lambda: minilm_lexical_variants(ste, min_similarity=dm_args.get("lexical_min_similarity", -1.0)))
+    results = evaluate_photos(vlm, transform, ste, split, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
+                              ks=args.ks or [1, 5, 10], query_modes=args.query_modes, lexical=lexical,
+                              n_resamples=args.bootstrap, confidence=args.confidence, seed=args.seed)
+    out = write_photo_report(results, args.out, title=args.title or f"SemCLIP on {root.name} ({args.split} photos)",
+                             provenance={**provenance, "photos": str(root), "photo_captions": str(at_root(args.photo_captions)),
+                                         "image_list": str(image_list)})
+    print((Path(out) / "report.md").read_text())
 
 
 def _hard_negative_embeddings(args):
@@ -155,10 +181,15 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--encoders", type=str, nargs="*", default=["minilm"], help="text encoders to compare (grounding.encoders names)")
     r.add_argument("--word-similarity", type=Optional[str], default=None,
                    help="folder of w1<TAB>w2<TAB>score files (default: shared data)")
-    r.add_argument("--max-queries", type=Optional[int], default=None, help="subsample the synonym-coverage queries")
+    r.add_argument("--sample", type=Optional[int], default=None,
+                   help="Table 1 on a seeded sample of this many queries (quick runs); default: all of them, the full protocol")
+    r.add_argument("--max-queries", type=Optional[int], default=None, help="the older name of --sample")
+    r.add_argument("--cap-statistics", type=bool, default=True,
+                   help="report what the 64-member list cap truncates in the whole-WordNet lists (built uncapped once, cached)")
     r.add_argument("--batch-size", type=int, default=512)
     v = _subcommand(sub, "evaluate", "retrieval stability (Table 3), synonym-augmented retrieval (Table 4) and the "
-                                     "alignment recovery error on the embedded world, SemCLIP vs the base VLM")
+                                     "alignment recovery error on the embedded world, or with --photos on a photo split "
+                                     "(bootstrap intervals, diagnosis), SemCLIP vs the base VLM")
     v.add_argument("--config", type=Optional[str], default=None,
                    help="an alignment config (experiments/semclip/align_world.yaml): VLM, STE, captions, transform")
     v.add_argument("--transform", type=Optional[str], default=None,
@@ -171,7 +202,19 @@ def build_parser() -> ArgumentParser:
                         "beside the alignment captions")
     v.add_argument("--world", type=str, default="data/world", help="the embedded world (world.json + images)")
     v.add_argument("--splits", type=str, nargs="+", default=["val", "test"], help="world splits whose images are searched")
-    v.add_argument("--ks", type=int, nargs="+", default=[1, 5, 10, 50])
+    v.add_argument("--photos", type=Optional[str], default=None,
+                   help="a Flickr8k-style folder (images/ + caption file + split lists): evaluate on its photos, not the world")
+    v.add_argument("--split", type=str, default="test", help="with --photos: the split (Flickr_8k.<split>Images.txt)")
+    v.add_argument("--image-list", type=Optional[str], default=None,
+                   help="with --photos: the split's image list (default Flickr_8k.<split>Images.txt in --photos)")
+    v.add_argument("--photo-captions", type=str, default="Flickr8k.token.1000img.txt",
+                   help="with --photos: the photos' captions (nouns, queries and relevance; in --photos unless a path)")
+    v.add_argument("--bootstrap", type=int, default=1000, help="with --photos: bootstrap resamples of the queries")
+    v.add_argument("--confidence", type=float, default=0.95, help="with --photos: the intervals' level")
+    v.add_argument("--seed", type=int, default=0, help="with --photos: the bootstrap's seed")
+    v.add_argument("--title", type=Optional[str], default=None, help="with --photos: the report's title")
+    v.add_argument("--ks", type=int, nargs="+", default=None,
+                   help="overlap@k cut-offs (default: 1 5 10 50 on the world, 1 5 10 on photos)")
     v.add_argument("--query-modes", type=str, nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
     v.add_argument("--out", type=str, required=True)
     h = _subcommand(sub, "hard-negative-embeddings", "embed image folders with a VLM for COMPOSER's hard-negative pool "

@@ -1,4 +1,5 @@
-"""SemCLIP retrieval evaluation on the embedded world (§5, Tables 3–4) and the alignment fit (§4).
+"""SemCLIP retrieval evaluation (§5, Tables 3–4) and the alignment fit (§4): the pieces shared by the embedded
+world (here: ``evaluate_world``) and real photos (``grounding.semclip.photo_evaluation``).
 
 * Table 3, retrieval stability: for every object noun with synonyms, the image lists retrieved for
   "A photo of a <noun>" and for each synonym variant ("A photo of an orb"); overlap@k averaged over
@@ -8,7 +9,9 @@
   for image→text the candidates are the noun queries.
 * The nearest-neighbour recovery error of Γ_t on the training and held-out alignment pairs.
 
-Every number is computed here from the models and the world's annotations (world.json).
+Every number is computed from the models and the annotations (world.json, or the photos' captions).
+Per-query values (:func:`retrieval_per_query`, :func:`pair_overlaps`) feed the bootstrap intervals of
+:func:`bootstrap_means`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
+from scipy import stats
 
 from grounding.errors import MissingInputError
 from grounding.retrieval import break_ties
-from grounding.semclip.alignment import overlap_at_k, recovery_error, retrieval_scores
+from grounding.semclip.alignment import overlap_at_k, recovery_error
 from grounding.semclip.store import SemCLIPStore
 from grounding.utils.io import atomic_path
 
@@ -35,8 +40,8 @@ PROMPT = "A photo of"
 class NounQuery:
     text: str     # "A photo of an orb"
     word: str     # "orb"
-    kind: str     # the world object kind it names ("ball")
-    canonical: bool
+    kind: str     # what it names: the world object kind ("ball"), or a caption noun whose synonym it is
+    canonical: bool  # the kind's own word (a noun of the captions), not a synonym variant
 
 
 def article(word: str) -> str:
@@ -118,19 +123,92 @@ def relevance(queries: Sequence[NounQuery], kinds: Sequence[set[str]]) -> torch.
     return torch.tensor([[q.kind in ks for ks in kinds] for q in queries], dtype=torch.bool)
 
 
-def retrieval(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict[str, dict]:
-    """Table 4 for a (Q, N) query-image score matrix: t2i over queries with a relevant image, i2t over
-    images with a relevant query (candidates: the noun queries)."""
+def per_query_retrieval(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict[str, torch.Tensor]:
+    """Per row of a (Q, N) score matrix (no ties left, every row with a relevant item): NDCG@k (binary gains,
+    log2(rank + 1) discount), AP and R@k, the definitions of torchmetrics.retrieval (whose means
+    grounding.semclip.alignment.retrieval_scores gives)."""
+    n = scores.shape[1]
+    rel = relevant.gather(-1, scores.argsort(dim=-1, descending=True)).double()  # relevance in rank order
+    n_rel = rel.sum(-1)
+    rank = torch.arange(1, n + 1, dtype=torch.float64)
+    top = min(k, n)
+    discount = 1.0 / torch.log2(rank[:top] + 1)
+    ideal = (discount[None] * (rank[None, :top] <= n_rel[:, None])).sum(-1)  # all relevant items first
+    return {f"ndcg@{k}": (rel[:, :top] * discount).sum(-1) / ideal,
+            "map": (rel * rel.cumsum(-1) / rank).sum(-1) / n_rel,  # precision at each relevant rank, averaged
+            f"recall@{k}": rel[:, :top].sum(-1) / n_rel}
+
+
+def retrieval_per_query(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10, seed: int = 0) -> dict[str, dict]:
+    """Table 4 per query of a (Q, N) query-image score matrix: t2i over queries with a relevant image, i2t over images
+    with a relevant query (candidates: the noun queries); ``rows``: which queries / images each value belongs to."""
     t2i_rows, i2t_rows = relevant.any(1), relevant.any(0)
-    scores = break_ties(scores)  # tied items in a seeded random order, not in torch.topk's
-    t2i = retrieval_scores(scores[t2i_rows], relevant[t2i_rows], k)
-    i2t = retrieval_scores(scores.T[i2t_rows], relevant.T[i2t_rows], k)
-    t2i["queries"], i2t["queries"] = int(t2i_rows.sum()), int(i2t_rows.sum())
-    return {"t2i": t2i, "i2t": i2t}
+    scores = break_ties(scores, seed)  # tied items in a seeded random order, not in a sort's
+    return {"t2i": {**per_query_retrieval(scores[t2i_rows], relevant[t2i_rows], k), "rows": t2i_rows.nonzero()[:, 0]},
+            "i2t": {**per_query_retrieval(scores.T[i2t_rows], relevant.T[i2t_rows], k), "rows": i2t_rows.nonzero()[:, 0]}}
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def retrieval(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict[str, dict]:
+    """Table 4: the means of :func:`retrieval_per_query` and the number of queries of each direction."""
+    return {d: {**{m: float(v.mean()) for m, v in per.items() if m != "rows"}, "queries": len(per["rows"])}
+            for d, per in retrieval_per_query(scores, relevant, k).items()}
+
+
+def bootstrap_means(values: np.ndarray, clusters: np.ndarray, n_resamples: int = 1000, confidence: float = 0.95,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """Percentile bootstrap over queries of the means of S systems' per-unit values ``values`` (S, U) and of each
+    system's paired difference to system 0 (same resamples for all systems: S x S - system 0).
+
+    ``clusters`` (U,): the query each unit belongs to (a noun with its synonym variants, an image); whole clusters
+    are resampled and a mean is the sum over the drawn clusters' units / their number (so the point estimate is
+    the plain mean over units). Returns ``mean`` (S,), ``low`` / ``high`` (S,), ``diff`` / ``diff_low`` /
+    ``diff_high`` (S,; row 0 is 0). scipy.stats.bootstrap, vectorised over resamples, seeded."""
+    values = np.asarray(values, dtype=np.float64)
+    _, cid = np.unique(np.asarray(clusters), return_inverse=True)
+    n_clusters = int(cid.max()) + 1 if cid.size else 0
+    sums = np.zeros((values.shape[0], n_clusters))
+    np.add.at(sums, (slice(None), cid), values)
+    counts = np.bincount(cid, minlength=n_clusters).astype(np.float64)
+    mean = sums.sum(1) / max(counts.sum(), 1.0)
+    out = {"mean": mean, "diff": mean - mean[0], "clusters": n_clusters}
+    if n_clusters < 2:  # nothing to resample: no interval
+        nan = np.full_like(mean, np.nan)
+        return {**out, "low": nan, "high": nan, "diff_low": nan, "diff_high": nan}
+
+    def statistic(c, *s, axis=-1):
+        m = np.stack([x.sum(axis) for x in s]) / c.sum(axis)
+        return np.concatenate([m, m - m[:1]])
+
+    res = stats.bootstrap((counts, *sums), statistic, paired=True, vectorized=True, method="percentile",
+                          n_resamples=n_resamples, confidence_level=confidence, rng=np.random.default_rng(seed))
+    low, high = res.confidence_interval
+    s = len(mean)
+    return {**out, "low": low[:s], "high": high[:s], "diff_low": low[s:], "diff_high": high[s:]}
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(a.float(), dim=-1) @ torch.nn.functional.normalize(b.float(), dim=-1).T
+
+
+def method_name(query_mode: str) -> str:
+    return f"SemCLIP ({'STE' if query_mode == 'ste' else 'Γ_t'} query)"
+
+
+@torch.no_grad()
+def system_scores(vlm, transform, ste, image_vlm: torch.Tensor, query_texts: Sequence[str], query_vlm: torch.Tensor,
+                  bank_texts: Sequence[str], bank_vlm: torch.Tensor, query_modes: Sequence[str] = ("ste", "transform"),
+                  targets=None, ids: Sequence | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """(Q, N) query-image cosine scores of the base VLM and of SemCLIP for each query mode, with each SemCLIP
+    image's nearest bank text (None for the VLM). SemCLIP is §4's content store: the bank texts in SemCLIP space by
+    Γ_t, each image as Γ_t of its nearest bank text (Eq. 7), queries by the STE of their nouns or by Γ_t (the full
+    score matrix: exact). ``targets``: the CaptionTargets of the STE queries (e.g. with lexical variants)."""
+    out = {"VLM": (cosine(query_vlm, image_vlm), None)}
+    for mode in query_modes:
+        store = SemCLIPStore(vlm, transform, ste, query_mode=mode, targets=targets)
+        store.add_texts(bank_texts, bank_vlm)
+        nearest = store.ingest(vlm_embeddings=image_vlm, ids=ids)
+        out[method_name(mode)] = (store.scores(list(query_texts)), nearest)
+    return out
 
 
 @torch.no_grad()
@@ -161,9 +239,6 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
     per_pair = lambda sc: [[queries[a].word, queries[b].word] + [float(v) for v in  # noqa: E731
                             torch.stack([pair_overlaps(sc, queries, k) for k in ks], 1)[i]]
                            for i, (a, b) in enumerate(pairs_idx)]
-    base = _cosine(query_vlm, image_vlm)
-    results["methods"]["VLM"] = {"stability": stability(base, queries, ks), **retrieval(base, relevant),
-                                 "pairs": per_pair(base)}
 
     bank_texts, bank_vlm = [], []
     if pairs is not None:
@@ -173,17 +248,16 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
         bank_vlm.append(vlm.encode_text(list(bank_captions)))
     bank_texts += words  # the base noun vocabulary of the world
     bank_vlm.append(vlm.encode_text(words))
-    for mode in query_modes:
-        store = SemCLIPStore(vlm, transform, ste, query_mode=mode)  # full score matrices: exact
-        store.add_texts(bank_texts, torch.cat(bank_vlm))
-        nearest = store.ingest(vlm_embeddings=image_vlm, ids=[p.name for p in paths])
-        scores = store.scores([q.text for q in queries])
-        name = f"SemCLIP ({'STE' if mode == 'ste' else 'Γ_t'} query)"
+    systems = system_scores(vlm, transform, ste, image_vlm, [q.text for q in queries], query_vlm, bank_texts,
+                            torch.cat(bank_vlm), query_modes, ids=[p.name for p in paths])
+    for name, (scores, nearest) in systems.items():
         results["methods"][name] = {"stability": stability(scores, queries, ks), **retrieval(scores, relevant),
-                                    "pairs": per_pair(scores), "distinct_image_vectors": int(nearest.unique().numel())}
-        results["bank_size"] = len(bank_texts)
-        results["nearest_text_examples"] = [(p.name, sorted(k), bank_texts[j]) for p, k, j in
-                                            list(zip(paths, kinds, nearest.tolist()))[:5]]
+                                    "pairs": per_pair(scores)}
+        if nearest is not None:
+            results["methods"][name]["distinct_image_vectors"] = int(nearest.unique().numel())
+            results["bank_size"] = len(bank_texts)
+            results["nearest_text_examples"] = [(p.name, sorted(k), bank_texts[j]) for p, k, j in
+                                                list(zip(paths, kinds, nearest.tolist()))[:5]]
 
     if pairs is not None:
         rec = {}
@@ -200,7 +274,7 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
 # ------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------
-def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
@@ -215,15 +289,15 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
     out.mkdir(parents=True, exist_ok=True)
     n, ks = results["n_images"], results["ks"]
     methods = results["methods"]
-    _write_csv(out / "stability.csv", ["method", "k", "k_effective", "overlap"],
+    write_csv(out / "stability.csv", ["method", "k", "k_effective", "overlap"],
                [[m, k, min(k, n), f"{r['stability'][k]:.4f}"] for m, r in methods.items() for k in ks])
-    _write_csv(out / "retrieval.csv", ["method", "direction", "queries", "ndcg@10", "map", "recall@10"],
+    write_csv(out / "retrieval.csv", ["method", "direction", "queries", "ndcg@10", "map", "recall@10"],
                [[m, d, r[d]["queries"], f"{r[d]['ndcg@10']:.4f}", f"{r[d]['map']:.4f}", f"{r[d]['recall@10']:.4f}"]
                 for m, r in methods.items() for d in ("t2i", "i2t")])
-    _write_csv(out / "stability_pairs.csv", ["method", "noun", "synonym"] + [f"overlap@{k}" for k in ks],
+    write_csv(out / "stability_pairs.csv", ["method", "noun", "synonym"] + [f"overlap@{k}" for k in ks],
                [[m, *row[:2], *(f"{v:.4f}" for v in row[2:])] for m, r in methods.items() for row in r.get("pairs", [])])
     rec = results.get("recovery") or {}
-    _write_csv(out / "recovery.csv", ["split", "pairs", "recovery_error", "mse"],
+    write_csv(out / "recovery.csv", ["split", "pairs", "recovery_error", "mse"],
                [[s, r["pairs"], f"{r['recovery_error']:.4f}", f"{r['mse']:.4f}"] for s, r in rec.items()])
     with atomic_path(out / "results.json") as tmp:
         tmp.write_text(json.dumps({**results, "provenance": provenance or {}}, indent=2, default=str))

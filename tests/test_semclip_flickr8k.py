@@ -1,0 +1,214 @@
+"""SemCLIP on real photos (grounding.semclip.photo_evaluation): the bootstrap, the relevance definition on a
+hand-made case, per-query Table 4 metrics, and the evaluation + report end to end on tiny generated photos."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
+
+
+# ------------------------------------------------------------------------------------------------ bootstrap
+def test_bootstrap_means_paired_clustered_and_seeded():
+    from grounding.semclip.stability import bootstrap_means
+
+    rng = np.random.default_rng(0)
+    base = rng.random(60)
+    values = np.stack([base, base + 0.1, base[::-1]])  # system 1 = system 0 + 0.1 on every unit
+    clusters = np.repeat(np.arange(20), 3)  # 20 queries of 3 units each
+    b = bootstrap_means(values, clusters, n_resamples=200, seed=0)
+    assert b["clusters"] == 20
+    assert np.allclose(b["mean"], values.mean(1))  # the point estimate is the plain mean over units
+    assert np.all(b["low"] <= b["mean"]) and np.all(b["mean"] <= b["high"]) and np.all(b["low"] < b["high"])
+    # paired: the same resamples for every system, so a constant shift has a zero-width interval
+    assert b["diff"][1] == pytest.approx(0.1) and b["diff_low"][1] == pytest.approx(0.1)
+    assert b["diff_high"][1] == pytest.approx(0.1) and b["diff"][0] == 0.0
+    assert b["diff_low"][2] < b["diff"][2] < b["diff_high"][2]
+    again = bootstrap_means(values, clusters, n_resamples=200, seed=0)
+    assert all(np.array_equal(b[k], again[k]) for k in ("low", "high", "diff_low", "diff_high"))  # seeded
+    other = bootstrap_means(values, clusters, n_resamples=200, seed=1)
+    assert not np.array_equal(b["low"], other["low"])
+    # clusters are resampled whole: units constant within a cluster give the interval of the cluster means
+    per_cluster = bootstrap_means(values[:, ::3], np.arange(20), n_resamples=200, seed=0)
+    constant = bootstrap_means(np.repeat(values[:, ::3], 3, axis=1), clusters, n_resamples=200, seed=0)
+    assert np.allclose(per_cluster["low"], constant["low"]) and np.allclose(per_cluster["high"], constant["high"])
+    # one query: nothing to resample
+    one = bootstrap_means(values[:, :3], clusters[:3])
+    assert one["clusters"] == 1 and np.isnan(one["low"]).all() and np.allclose(one["mean"], values[:, :3].mean(1))
+
+
+def test_per_query_metrics_average_to_torchmetrics():
+    from grounding.retrieval import break_ties
+    from grounding.semclip.alignment import retrieval_scores
+    from grounding.semclip.stability import per_query_retrieval, retrieval
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(30, 40, generator=g)
+    relevant = torch.rand(30, 40, generator=g) < 0.15
+    relevant[:, 0] = True  # every query has a relevant item
+    per = per_query_retrieval(break_ties(scores), relevant, k=10)
+    expected = retrieval_scores(scores, relevant, k=10)
+    assert set(per) == set(expected)
+    for m, v in per.items():
+        assert v.shape == (30,) and float(v.mean()) == pytest.approx(expected[m], abs=1e-6)
+    # by hand: relevant items at ranks 1 and 3 of 4
+    s, r = torch.tensor([[0.9, 0.8, 0.7, 0.6]]), torch.tensor([[True, False, True, False]])
+    one = per_query_retrieval(s, r, k=2)
+    assert one["map"].item() == pytest.approx((1 + 2 / 3) / 2) and one["recall@2"].item() == pytest.approx(0.5)
+    assert one["ndcg@2"].item() == pytest.approx(1 / (1 + 1 / np.log2(3)))
+    r4 = retrieval(torch.cat([s, s.flip(1)]), torch.cat([r, r]), k=10)
+    assert r4["t2i"]["queries"] == 2 and r4["i2t"]["queries"] == 2  # images 1 and 3 have no relevant query
+
+
+# ------------------------------------------------------------------------------------------------ relevance
+def test_synonym_augmented_relevance_on_a_hand_made_case():
+    from grounding.semclip.photo_evaluation import caption_noun_senses, group_queries, image_kinds, noun_groups, synset_of
+    from grounding.semclip.stability import relevance, synonym_pairs
+
+    captions = ["A red car near a tree .", "An automobile on the road .", "A dog runs on the grass ."]
+    senses = caption_noun_senses(captions)
+    assert [n for n, _ in senses[0]] == ["car", "tree"] and senses[0][0][1] == "car.n.01"
+    assert senses[1][0] == ("automobile", "car.n.01")  # synonyms land on one sense
+    groups = {g.noun: g for g in noun_groups(senses)}
+    assert set(groups) == {"car", "tree", "automobile", "road", "dog", "grass"}
+    assert groups["car"].synset == "car.n.01" and groups["car"].variants == ["auto", "automobile", "machine", "motorcar"]
+    assert groups["automobile"].variants == ["car", "auto", "machine", "motorcar"]
+    kinds = image_kinds(list(groups.values()), senses, [0, 1, 2], 3)
+    # image 0 says "car": relevant to the car group and to the automobile group (car is a synonym of automobile)
+    assert {"car", "automobile", "tree"} <= kinds[0] and {"car", "automobile", "road"} <= kinds[1]
+    assert "car" not in kinds[2] and "dog" in kinds[2]
+    queries = group_queries([groups["car"], groups["dog"]])
+    assert [q.text for q in queries[:3]] == ["A photo of a car", "A photo of an auto", "A photo of an automobile"]
+    assert [q.canonical for q in queries[:5]] == [True, False, False, False, False]
+    rel = relevance(queries, kinds)
+    assert rel[:5].tolist() == [[True, True, False]] * 5  # every car query: photos 0 and 1
+    assert rel[5].tolist() == [False, False, True]
+    assert synonym_pairs(queries)[:4] == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert synset_of("car.n.01.automobile") == "car.n.01" and synset_of(None) is None
+
+
+def test_noun_groups_majority_sense_and_variant_cap():
+    from grounding.semclip.photo_evaluation import noun_groups
+
+    senses = [[("car", "car.n.01")], [("car", "car.n.02")], [("car", "car.n.01")], [("selfie", None)]]
+    groups = noun_groups(senses, max_variants=2)
+    assert [(g.noun, g.synset, g.variants) for g in groups] == [("car", "car.n.01", ["auto", "automobile"]),
+                                                               ("selfie", None, [])]
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+CAPTIONS = {"ball": "A ball lies on the grass", "car": "A car is parked near a house", "box": "A box and a cup",
+            "bucket": "Somebody carries a bucket", "tree": "A tree beside a car"}
+
+
+@pytest.fixture(scope="module")
+def photo_inputs(tiny_world, tmp_path_factory):
+    """Eight tiny generated photos in a Flickr8k layout: images/, a token file (captions naming the world's objects),
+    a test list; a random tiny VLM, a world STE, a small Γ_t and its alignment pairs."""
+    from grounding.semclip.alignment import AlignmentTransform, fit_alignment
+    from grounding.semclip.alignment_pairs import build_pairs
+    from grounding.semclip.ste import STEEmbedding
+    from grounding.semclip.vlm import load_vlm
+
+    root = tmp_path_factory.mktemp("photos")
+    meta = json.loads((tiny_world / "world.json").read_text())
+    (root / "images").mkdir()
+    tokens, names = [], []
+    for im in meta["images"][:8]:
+        name = f"photo_{im['image_id']:04d}.jpg"
+        src = tiny_world / "images" / im["file_name"]
+        shutil.copyfile(src, root / "images" / name)
+        kinds = sorted({o["kind"] for o in im["objects"]})
+        lines = [f"A photo with a {' and a '.join(kinds)} ."] + [CAPTIONS[k] for k in kinds if k in CAPTIONS][:2]
+        tokens += [f"{name}#{j}\t{c}" for j, c in enumerate(lines)]
+        names.append(name)
+    (root / "tokens.txt").write_text("\n".join(tokens) + "\n")
+    (root / "Flickr_8k.testImages.txt").write_text("\n".join(names + ["not_here.jpg"]) + "\n")
+    vlm = load_vlm(f"suite:{tiny_baseline_ckpt(root / 'vlm')}", feature_cache=False)
+    ste = STEEmbedding.load(tiny_world_ste(root / "ste"))
+    pairs = build_pairs(vlm, ste, ["A red ball on a box", "A car near a tree", "A cup in a bucket", "An automobile",
+                                   "A house with a ring", "A crate and a pail"], lexical_variants=False)
+    torch.manual_seed(0)
+    transform = AlignmentTransform(vlm.dim, ste.dim, hidden=16)
+    fit_alignment(transform, pairs["vlm_text"], pairs["targets"], epochs=3, batch_size=4)
+    return {"root": root, "vlm": vlm, "ste": ste, "pairs": pairs, "transform": transform}
+
+
+def test_photo_evaluation_and_report(photo_inputs, tmp_path):
+    from grounding.semclip.photo_evaluation import evaluate_photos, read_photo_split, write_photo_report
+
+    root = photo_inputs["root"]
+    split = read_photo_split(root / "tokens.txt", root / "Flickr_8k.testImages.txt", root / "images", name="test")
+    assert len(split.paths) == 8 and all(len(c) >= 1 for c in split.captions)  # the missing photo is left out
+    args = dict(pairs=photo_inputs["pairs"], train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1, 5),
+                n_resamples=50)
+    results = evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], split, **args)
+    systems = ["VLM", "SemCLIP (STE query)", "SemCLIP (Γ_t query)"]
+    assert results["systems"] == systems and results["n_images"] == 8
+    assert set(results["table"]) == {"overlap@1", "overlap@5"} | {f"{d} {m}" for d in ("t2i", "i2t")
+                                                                  for m in ("ndcg@10", "map", "recall@10")}
+    for metric, row in results["table"].items():
+        for s in systems + results["reference_systems"]:
+            r = row[s]
+            assert 0.0 <= r["mean"] <= 1.0 and r["low"] <= r["mean"] + 1e-9 <= r["high"] + 2e-9, (metric, s, r)
+        assert row["VLM"]["diff"] == 0.0
+    assert results["table"]["i2t map"]["VLM"]["units"] == 8  # image→text: one unit per photo
+    d = results["diagnostics"]
+    assert set(d["recovery"]) >= {"train pairs", "held-out pairs"} and "query_gap" in d and "image_side" in d
+    assert sum(d["query_coverage"]["queries"].values()) == results["n_queries"]
+    # deterministic: the same inputs give the same numbers
+    again = evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], split, **args)
+    assert again["table"] == results["table"]
+
+    out = write_photo_report(results, tmp_path / "report", provenance={"vlm": "tiny"})
+    assert {p.name for p in out.iterdir()} == {"report.md", "stability.csv", "retrieval.csv", "differences.csv",
+                                               "stability_pairs.csv", "results.json"}
+    md = (out / "report.md").read_text()
+    for text in ("Table 3", "Table 4", "VG-BERT search heads | skipped", "Verdict", "Diagnosis", "Δ SemCLIP (STE query)"):
+        assert text in md
+    rows = list(csv.DictReader(open(out / "stability.csv")))
+    assert len(rows) == 2 * (len(systems) + len(results["reference_systems"]))
+    assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6 * (len(systems) + 2)
+    diffs = list(csv.DictReader(open(out / "differences.csv")))
+    assert {r["minus"] for r in diffs} == {"VLM"} and len(diffs) == 8 * (len(systems) - 1 + 2)
+    assert json.loads((out / "results.json").read_text())["provenance"] == {"vlm": "tiny"}
+
+
+def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys):
+    """`python -m grounding.semclip evaluate --photos` on the tiny photo folder, Γ_t from a saved transform."""
+    from grounding.semclip.__main__ import main
+    from grounding.semclip.alignment import save_transform
+
+    root = photo_inputs["root"]
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    captions = tmp_path / "bank.txt"
+    captions.write_text("\n".join(photo_inputs["pairs"]["captions"]) + "\n")
+    path = save_transform(photo_inputs["transform"], tmp_path / "transform.pt", vlm=photo_inputs["vlm"].spec,
+                          ste=str(root / "ste"), captions=str(captions), lexical_variants=False, val_fraction=0.3)
+    main(["evaluate", "--transform", str(path), "--photos", str(root), "--photo-captions", "tokens.txt",
+          "--split", "test", "--bootstrap", "30", "--out", str(tmp_path / "out")])
+    assert "Table 4" in capsys.readouterr().out
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["split"] == "test" and results["ks"] == [1, 5, 10] and results["bootstrap"]["n_resamples"] == 30
+    assert results["provenance"]["image_list"].endswith("Flickr_8k.testImages.txt")
+
+
+def test_make_target_evaluates_after_the_fit():
+    """`make semclip-flickr8k` (dry run): Γ_t's fit when missing, then the photo evaluation into the report folder."""
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["make", "-n", "--no-print-directory", "semclip-flickr8k"], cwd=root, capture_output=True,
+                         text=True, timeout=120).stdout
+    fit = out.index("fit --config experiments/semclip/align_flickr8k.yaml")
+    evaluate = out.index("-m grounding.semclip evaluate --config experiments/semclip/align_flickr8k.yaml")
+    assert fit < evaluate
+    assert "--photos ../shared/data/flickr8k --split test --out reports/semclip/flickr8k --ks 1 5 10" in out[evaluate:]
