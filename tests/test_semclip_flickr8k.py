@@ -212,3 +212,15 @@ def test_make_target_evaluates_after_the_fit():
     evaluate = out.index("-m grounding.semclip evaluate --config experiments/semclip/align_flickr8k.yaml")
     assert fit < evaluate
     assert "--photos ../shared/data/flickr8k --split test --out reports/semclip/flickr8k --ks 1 5 10" in out[evaluate:]
+
+
+def test_table4_ties_stay_broken_at_random():
+    """break_ties' jitter is below float32 resolution: the metrics must read it in float64 (a float32 cast restores
+    the ties, and a tied relevant photo at index 0 would then always rank first)."""
+    from grounding.semclip.stability import retrieval
+
+    scores, relevant = torch.zeros(1, 50), torch.zeros(1, 50, dtype=torch.bool)
+    relevant[0, 0] = True
+    r = retrieval(scores, relevant)
+    assert r["t2i"]["map"] < 1.0 and r["t2i"]["queries"] == 1
+    assert retrieval(scores, relevant) == r  # seeded
