@@ -70,3 +70,23 @@ def test_packed_forward_refuses_relative_positions():
     bert.config.position_embedding_type = "relative_key"
     with pytest.raises(ValueError, match="packed_tokens: false"):
         packed_bert_forward(bert, ids, mask)
+
+
+def test_auto_packs_unless_autocast_lowers_precision(monkeypatch):
+    calls = []
+    import grounding.vgbert.streams as streams
+
+    def spy(bert, ids, mask):
+        calls.append(True)
+        return bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    monkeypatch.setattr(streams, "packed_bert_forward", spy)
+    stream = LanguageStream("tiny-random", trainable_layers=1, packed_tokens="auto").eval()
+    ids, mask = _batch()
+    stream(ids, mask)
+    assert calls == [True]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stream(ids, mask)
+    assert calls == [True]  # bf16 autocast: the padded forward (measured faster there)
+    with pytest.raises(ValueError, match="packed_tokens"):
+        LanguageStream("tiny-random", trainable_layers=1, packed_tokens="yes")

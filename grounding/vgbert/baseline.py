@@ -9,6 +9,7 @@ match-map model, ``combine="mean"``) with a fixed or learnable temperature.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -28,7 +29,7 @@ class DualEncoder(RecordedNet):
                  backbone_weights: str | None = "default", trainable_layers: int = 8, freeze_query_key: bool = True,
                  dropout: float = 0.3, visual_heads: int = 12, projection_dim: int | None = None,
                  image_size: int = 224, text_pooling: str = "mean", attention_dropout: float | None = None,
-                 packed_tokens: bool = False):
+                 packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
         if text_pooling not in ("mean", "cls"):
             raise ValueError(f"text_pooling must be 'mean' or 'cls'; got {text_pooling!r}")

@@ -16,6 +16,7 @@ they start from random (the suite's recorded runs).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -37,7 +38,7 @@ class MatchMapGrounding(RecordedNet):
                  dropout: float = 0.3, attention_dropout: float | None = None, visual_heads: int = 12,
                  projection_dim: int | None = None, image_size: int = 224, count_special_tokens: bool = False,
                  normalize: bool = False, visual_attention_dropout: float | None = None,
-                 visual_ffn_dropout: float | None = None, packed_tokens: bool = False):
+                 visual_ffn_dropout: float | None = None, packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
         # BERT's attention-probability dropout follows ``dropout`` unless given: the official code sets
         # hidden_dropout_prob and attention_probs_dropout_prob to the one rate (0.3, models/LanguageModels.py)

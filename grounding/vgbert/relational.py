@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -439,7 +440,7 @@ class VGBertRelational(RecordedNet):
                  classifier_dropout: float = 0.0, cross_attention_dropout: float | None = None,
                  query_key_bias: bool = True, count_special_tokens: bool = False,
                  visual_attention_dropout: float | None = None, visual_ffn_dropout: float | None = None,
-                 packed_tokens: bool = False):
+                 packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
         self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
                                        attention_dropout=attention_dropout, packed_tokens=packed_tokens)

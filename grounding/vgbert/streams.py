@@ -16,6 +16,7 @@ find them in a stage-1 checkpoint under the ``visual.`` and ``language.`` state-
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -139,13 +140,16 @@ class LanguageStream(nn.Module):
             (None keeps the pretrained config's value).
         encoder: an already built BERT (tests, or reuse); overrides ``text_encoder``.
         packed_tokens: run BERT's token-wise steps on the real tokens only
-            (:func:`grounding.encoders.packed_bert_forward`; same values, ~1.5x faster fwd+bwd on Flickr8k
-            captions, which are half padding). Off by default so recorded runs replay their dropout draws.
+            (:func:`grounding.encoders.packed_bert_forward`; same values). Measured (benchmarks/bench_text_stream.py,
+            Flickr8k caption lengths, about half padding): fp32 fwd+bwd 1.6x faster on a CPU, 1.35-1.74x on an H100,
+            but 0.71-0.88x under bf16 autocast on the H100, where the step is launch-bound. ``"auto"`` (the paper
+            configs) packs unless autocast to a lower precision is on. False by default so recorded runs replay
+            their dropout draws.
     """
 
     def __init__(self, text_encoder: str = "minilm", trainable_layers: int = 8, freeze_query_key: bool = True,
                  hidden_dropout: float | None = None, attention_dropout: float | None = None,
-                 encoder: nn.Module | None = None, packed_tokens: bool = False):
+                 encoder: nn.Module | None = None, packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
         overrides = {}
         if hidden_dropout is not None:
@@ -167,6 +171,8 @@ class LanguageStream(nn.Module):
             trainable_layers = n
         self.trainable_layers = trainable_layers
         self.freeze_query_key = freeze_query_key
+        if packed_tokens not in (True, False, "auto"):
+            raise ValueError(f"packed_tokens must be true, false or 'auto'; got {packed_tokens!r}")
         self.packed_tokens = packed_tokens
         self.bert.requires_grad_(False)
         for layer in layers[n - trainable_layers:] if trainable_layers else []:
@@ -185,7 +191,8 @@ class LanguageStream(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Token ids (B,T) + mask -> contextual word representations L (B,T,d)."""
-        if self.packed_tokens:
+        if self.packed_tokens is True or (self.packed_tokens == "auto"
+                                          and not torch.is_autocast_enabled(input_ids.device.type)):
             return packed_bert_forward(self.bert, input_ids, attention_mask)
         return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
