@@ -136,6 +136,7 @@ demo: install  ## generate the embedded world and run every stage on it at tiny 
 
 bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores)
 	$(PY) benchmarks/bench_vgbert.py
+	$(PY) benchmarks/bench_text_stream.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
 	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
