@@ -1,4 +1,4 @@
-"""Grid sweeps: one program per run (fit -> test -> semantic-space report), an offline runner, a summary.
+"""Grid sweeps: one program per run (fit -> test -> semantic-space or STE report), an offline runner, a summary.
 
 Three commands::
 
@@ -23,6 +23,10 @@ Three commands::
 4. the semantic-space report (``python -m grounding.semantic_space``) of the report config with ``${checkpoint}``
    (the run's best checkpoint) and ``${text_encoder}`` (the stage's plain text encoder, read from the run's
    ``config.yaml``: every report holds the ungrounded reference's row) filled in, into ``<folder>/semantic_space/``;
+   or, with ``--report-kind ste`` (SemCLIP's STE), the STE report (``python -m grounding.semclip report``: Table 1
+   synonym coverage on all queries unless ``--report-sample N``, Table 2 word similarity) of the embedding the fit
+   exported into ``<folder>/embedding`` (``model.init_args.export_dir`` set per run), into ``<folder>/ste_report/``;
+   an STE run has no test step;
 5. ``<folder>/sweep_result.json`` (atomic): parameters, checkpoint, training time, learnable parameter count,
    test metrics and the report's headline numbers per model; the same numbers go to the wandb run (the fit's own
    run: ``WANDB_RUN_ID`` as wandb agent sets it, else one made here) unless ``WANDB_MODE=disabled``.
@@ -40,7 +44,9 @@ gets ``--trainer.default_root_dir=<root>/<sweep file stem>/<run name>``.
 **The summary** (``summarize``) reads every ``<folder>/*/sweep_result.json`` and writes ``summary.md``,
 ``summary.csv`` (one row per run) and one CSV per table it recognises, laid out as the paper's: Fig. 3 (rows k,
 columns Q/K frozen / trainable per dropout, cells i2t / t2i R@1 and learnable parameters), Fig. 12 (the same grid,
-cells the mean category silhouette; k = 0 is the plain encoder), Table 2 (loss terms) and Table 5 (stage-2 losses).
+cells the mean category silhouette; k = 0 is the plain encoder), Table 2 (loss terms) and Table 5 (stage-2 losses);
+STE runs give SemCLIP's Table 2 (``ste_table2``): a row per run (Spearman per benchmark, their mean, Table 1's
+coverage), best first, beside the paper's STE columns.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ DEFAULT_ROOT = "outputs/sweeps"
 RESULT_FILE = "sweep_result.json"
 REPORT_CONFIG = "semantic_space.yaml"
 REPORT_FOLDER = "semantic_space"
+REPORT_KINDS = ("semantic_space", "ste")
+STE_EMBEDDING = "embedding"      # the STE run's export (model.init_args.export_dir), under its folder
+STE_REPORT_FOLDER = "ste_report"
 CHECKPOINT = "${checkpoint}"
 TEXT_ENCODER = "${text_encoder}"
 RUN_COMMAND = ("-m", "grounding.sweep", "run")
@@ -266,6 +275,15 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="the stage config (python -m grounding fit --config ...)")
     p.add_argument("--report", default=None,
                    help="semantic-space report config with ${checkpoint} / ${text_encoder} (none: no report)")
+    p.add_argument("--report-kind", choices=REPORT_KINDS, default="semantic_space",
+                   help="semantic_space: the --report config on the best checkpoint; ste: the STE's Table 1 / Table 2 "
+                        "report (python -m grounding.semclip report) on the run's exported embedding (the fit exports to "
+                        f"<folder>/{STE_EMBEDDING}; no test step: the STE has no test split)")
+    p.add_argument("--report-encoders", nargs="*", default=[], metavar="NAME",
+                   help="with --report-kind ste: text encoders the report compares (default none: the paper's columns "
+                        "are the reference)")
+    p.add_argument("--report-sample", type=int, default=None, metavar="N",
+                   help="with --report-kind ste: Table 1 on a seeded sample of N queries (default: all, the full protocol)")
     p.add_argument("--root", default=DEFAULT_ROOT, help=f"output root (default {DEFAULT_ROOT})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override of every run that is not one of its parameters (repeatable)")
@@ -298,6 +316,16 @@ class RunPlan:
         if owned:
             raise SweepError(f"--{owned[0]}: the run's folder is derived from the sweep and its parameters "
                              "(use --root to move the output root)")
+        self.kind = args.report_kind
+        if self.kind != "ste" and (args.report_encoders or args.report_sample is not None):
+            raise SweepError("--report-encoders / --report-sample are the STE report's options (--report-kind ste)")
+        if self.kind == "ste":
+            if args.report not in (None, "", "none", "null"):
+                raise SweepError("--report names a semantic-space report config; --report-kind ste runs the STE report "
+                                 "(its options: --report-encoders, --report-sample)")
+            exported = [k for k in (*self.params, *self.sets) if k.endswith("export_dir")]
+            if exported:
+                raise SweepError(f"--{exported[0]}: an STE run exports into its own folder (<folder>/{STE_EMBEDDING})")
         self.run_id = env.get("WANDB_RUN_ID") or None
         if args.append_run_id and not self.run_id:
             self.run_id = uuid.uuid4().hex[:8]
@@ -306,6 +334,8 @@ class RunPlan:
         norm = [f"--{k}={_fmt(parse_value(v))}" for k, v in self.params.items()]
         norm += [f"--{k}={v}" for k, v in self.sets.items()]
         root_dir = f"--trainer.default_root_dir={self.folder}"
+        if self.kind == "ste":  # every run its own export, never the config's shared one
+            norm.append(f"--model.init_args.export_dir={self.folder / STE_EMBEDDING}")
         self.fit_args = ["fit", "--config", args.config, *norm, root_dir]
         # one device: the test split exactly once (DDP would pad it), without a logger (its numbers go to the
         # run's wandb run with the report's below)
@@ -314,6 +344,12 @@ class RunPlan:
                           "--trainer.strategy=auto"]
         self.skip = next((s for s in args.skip_if if matches(self.params, s)), None)
         self.report = None if args.report in (None, "", "none", "null") else args.report
+        self.no_test = args.no_test or self.kind == "ste"
+        self.embedding = self.folder / STE_EMBEDDING
+        self.ste_report_args = ["report", "--ste", str(self.embedding), "--out", str(self.folder / STE_REPORT_FOLDER),
+                                "--encoders", *args.report_encoders, "--cap-statistics", "false"]
+        if args.report_sample is not None:
+            self.ste_report_args += ["--sample", str(args.report_sample)]
 
     def python(self, module: str, args: list[str]) -> list[str]:
         return [sys.executable, "-m", module, *args]
@@ -419,6 +455,25 @@ def report_headline(folder: str | os.PathLike, names: list[str]) -> dict[str, di
     return out
 
 
+def ste_report_numbers(folder: str | os.PathLike) -> dict:
+    """The STE report's numbers (``python -m grounding.semclip report``): Table 1 of the STE row (coverage, synonym
+    recall, queries) and per word-similarity dataset the Spearman on the WordNet-filtered pairs (the paper's STE
+    column) and on all pairs, with the pairs each covers."""
+    folder = Path(folder)
+    out: dict = {"report": str(folder), "coverage": {}, "word_similarity": {}}
+    meta = _read_json(folder / "meta.json") or {}
+    out["protocol"] = meta.get("protocol")
+    for row in _read_csv(folder / "synonym_coverage.csv"):
+        if row.get("embedding") == "STE":
+            out["coverage"] = {k: _float(row.get(k)) for k in ("queries", "queries_in_vocabulary", "synonyms_in_top10",
+                                                               "coverage", "synonym_recall")}
+    for row in _read_csv(folder / "word_similarity.csv"):
+        if row.get("model") == "STE":
+            out["word_similarity"][row["dataset"]] = {k: _float(row.get(k)) for k in (
+                "pairs", "wordnet_filtered", "covered_wordnet", "spearman_wordnet", "covered_full", "spearman_full")}
+    return out
+
+
 def learnable_parameters(checkpoint: str | os.PathLike) -> int | None:
     """The number of parameters the run's optimizer updated (Fig. 3's x axis), from the checkpoint's optimizer
     state (one moment tensor per updated parameter, e.g. Adam's ``exp_avg``); None when it holds none."""
@@ -461,6 +516,13 @@ def headline(result: dict) -> dict[str, float]:
         for key, value in (space.get(role) or {}).items():
             if key != "name" and _float(value) is not None:
                 flat[prefix + key] = float(value)
+    ste = result.get("ste_report") or {}
+    for key, value in (ste.get("coverage") or {}).items():
+        if key in ("coverage", "synonym_recall") and value is not None:
+            flat[f"ste/{key}"] = float(value)
+    for dataset, numbers in (ste.get("word_similarity") or {}).items():
+        if _float(numbers.get("spearman_wordnet")) is not None:
+            flat[f"ste/{dataset}"] = float(numbers["spearman_wordnet"])
     for key in ("learnable_parameters",):
         if result.get(key) is not None:
             flat[key] = float(result[key])
@@ -516,12 +578,15 @@ def run_main(argv: list[str]) -> int:
     env.setdefault("WANDB_NAME", plan.name)
     fit_cmd = plan.python("grounding", plan.fit_args)
     test_cmd = plan.python("grounding", plan.test_args)
+    ste_cmd = plan.python("grounding.semclip", plan.ste_report_args)
     print(f"[sweep] {args.sweep}/{plan.name} -> {folder}", flush=True)
     if args.dry_run:
         print(f"  fit:    {shlex.join(fit_cmd)}")
-        if not args.no_test:
+        if not plan.no_test:
             print(f"  test:   {shlex.join(test_cmd)}")
-        if plan.report:
+        if plan.kind == "ste":
+            print(f"  report: {shlex.join(ste_cmd)}")
+        elif plan.report:
             print(f"  report: {PROG.replace('sweep', 'semantic_space')} --config {folder / REPORT_CONFIG} "
                   f"({plan.report} on the best checkpoint)")
         return 0
@@ -532,7 +597,11 @@ def run_main(argv: list[str]) -> int:
         print(f"[sweep] {plan.name}: the fit failed (exit {rc}); no test or report", file=sys.stderr)
         return rc
     checkpoint = best_checkpoint(folder)
-    if checkpoint is None:
+    if plan.kind == "ste" and not (plan.embedding / "vectors.npy").is_file():
+        print(f"[sweep] {plan.name}: the fit exported no STE to {plan.embedding} (a fast_dev_run?); no report",
+              file=sys.stderr)
+        return 1
+    if checkpoint is None and plan.kind != "ste":
         print(f"[sweep] {plan.name}: the fit wrote no best-*.ckpt in {folder / 'checkpoints'} (a fast_dev_run?); "
               "no test or report", file=sys.stderr)
         return 1
@@ -540,14 +609,21 @@ def run_main(argv: list[str]) -> int:
                     "params": {k: parse_value(v) for k, v in plan.params.items()},
                     "overrides": {k: parse_value(v) for k, v in plan.sets.items()},
                     "wandb": {"run_id": run_id, "sweep_id": env.get("WANDB_SWEEP_ID")},
-                    "checkpoint": str(checkpoint), "fit": _read_json(folder / "fit_record.json")}
-    if not args.no_test:
+                    "checkpoint": None if checkpoint is None else str(checkpoint),
+                    "fit": _read_json(folder / "fit_record.json")}
+    if not plan.no_test:
         rc, seconds["test"] = _step("test", test_cmd, env)
         if rc != 0:
             print(f"[sweep] {plan.name}: the test failed (exit {rc}); no report", file=sys.stderr)
             return rc
         result["test"] = _read_json(folder / "metrics.test.json")
-    if plan.report:
+    if plan.kind == "ste":
+        rc, seconds["report"] = _step("report", ste_cmd, env)
+        if rc != 0:
+            print(f"[sweep] {plan.name}: the STE report failed (exit {rc})", file=sys.stderr)
+            return rc
+        result["ste_report"] = ste_report_numbers(folder / STE_REPORT_FOLDER)
+    elif plan.report:
         section, reference, model = resolved_report_config(plan.report, checkpoint, stage_text_encoder(folder),
                                                            folder / REPORT_FOLDER)
         config_path = folder / REPORT_CONFIG
@@ -561,7 +637,7 @@ def run_main(argv: list[str]) -> int:
         result["semantic_space"] = {"report": str(folder / REPORT_FOLDER), "source_config": plan.report,
                                     "reference": {"name": reference, **numbers[reference]},
                                     "run": {"name": model, **numbers[model]}}
-    result["learnable_parameters"] = learnable_parameters(checkpoint)
+    result["learnable_parameters"] = None if checkpoint is None else learnable_parameters(checkpoint)
     seconds["total"] = round(time.perf_counter() - t_start, 1)
     result["seconds"] = seconds
     atomic_write_json(folder / RESULT_FILE, result, indent=2)
@@ -728,6 +804,47 @@ def relation_table(results: list[dict]) -> Table:
     return t
 
 
+STE_DATASETS = ("EN-MC-30", "EN-MEN-TR-3k", "EN-MTurk-287", "EN-RG-65", "EN-RW-STANFORD", "EN-SIMLEX-999-N",
+                "EN-SIMLEX-999", "EN-WS-353-REL", "EN-WS-353-SIM", "EN-WS-353-ALL")
+
+
+def ste_table(results: list[dict]) -> Table:
+    """SemCLIP Table 2 (with Table 1's coverage) per STE run, beside the paper's STE columns: one row per run,
+    Spearman on the WordNet-filtered pairs of each benchmark (the paper's STE column; ``-N``: SimLex-999's 666 noun
+    pairs, the paper's EN-SIMLEX), their mean over the benchmarks the paper reports, and the Table 1 coverage.
+    Runs are sorted by that mean (best first)."""
+    from grounding.semclip.evaluation import PAPER_TABLE1, PAPER_TABLE2  # torch & co.: only for this table
+
+    runs = [r for r in results if r.get("ste_report")]
+    found = list(dict.fromkeys(d for r in runs for d in (r["ste_report"].get("word_similarity") or {})))
+    datasets = [d for d in STE_DATASETS if d in found or d in PAPER_TABLE2] + [d for d in found if d not in STE_DATASETS]
+    paper_sets = [d for d in datasets if d in PAPER_TABLE2]
+
+    def mean(values: dict) -> float | None:
+        got = [values.get(d) for d in paper_sets]
+        return None if not got or any(v is None for v in got) else sum(got) / len(got)
+
+    t = Table("ste_table2", "SemCLIP Table 2 (and Table 1's coverage): STE runs beside the paper's STE", "run",
+              ["Table 1 coverage", f"mean of the paper's {len(paper_sets)} sets", *datasets],
+              [("value", "Spearman ρ on the WordNet-filtered pairs (coverage: Table 1 fraction)", 3)],
+              "Runs sorted by the mean, best first; `-N`: SimLex-999's noun pairs (the paper's 666-pair EN-SIMLEX); "
+              "the paper's rows: its Table 1 STE coverage and Table 2 STE columns (on 71,895 queries and its own "
+              "pair counts). Per-run pair counts and all-pairs Spearman: summary.csv / each run's ste_report/.")
+    rows = []
+    for r in runs:
+        ws = r["ste_report"].get("word_similarity") or {}
+        values = {d: _float((ws.get(d) or {}).get("spearman_wordnet")) for d in datasets}
+        coverage = _float((r["ste_report"].get("coverage") or {}).get("coverage"))
+        rows.append((mean(values), r.get("run") or "?", coverage, values))
+    rows.sort(key=lambda row: (row[0] is None, -(row[0] or 0.0), row[1]))
+    for m, label, coverage, values in rows:
+        t.add(label, [[coverage], [m], *[[values[d]] for d in datasets]])
+    for column, label, cover in ((3, "paper: STE", PAPER_TABLE1["STE"][2]), (4, "paper: STE (similar subset)", None)):
+        values = {d: PAPER_TABLE2[d][column] if d in PAPER_TABLE2 else None for d in datasets}
+        t.add(label, [[cover], [mean(values)], *[[values[d]] for d in datasets]])
+    return t
+
+
 def long_rows(results: list[dict]) -> tuple[list[dict], list[str]]:
     """One row per run: its name, parameters (by last key component) and every headline number."""
     params = list(dict.fromkeys(k.split(".")[-1] for r in results for k in (r.get("params") or {})))
@@ -743,7 +860,8 @@ def long_rows(results: list[dict]) -> tuple[list[dict], list[str]]:
 # The numbers of the summary's one-line-per-run Markdown table (summary.csv has every one).
 MD_NUMBERS = ("test/i2t_r1", "test/t2i_r1", "test/rsum", "test/object_top1", "test/relation_top1", "test/relation_top10",
               "semantic_space/silhouette_mean", "semantic_space/reference/silhouette_mean",
-              "semantic_space/concreteness_word_r", "learnable_parameters", "fit_seconds")
+              "semantic_space/concreteness_word_r", "ste/coverage", "ste/EN-SIMLEX-999-N", "ste/EN-SIMLEX-999",
+              "ste/EN-MEN-TR-3k", "learnable_parameters", "fit_seconds")
 
 
 def summarize(folder: str | os.PathLike) -> list[Path]:
@@ -758,6 +876,8 @@ def summarize(folder: str | os.PathLike) -> list[Path]:
         tables.append(loss_table(results))
     if any(param(r, "drop_loss") is not None for r in results):
         tables.append(relation_table(results))
+    if any(r.get("ste_report") for r in results):
+        tables.append(ste_table(results))
     rows, columns = long_rows(results)
     numbers = list(dict.fromkeys(k for r in results for k in headline(r)))
     written = []

@@ -1,21 +1,28 @@
 """STE evaluation (SemCLIP §5): synonym coverage (Table 1) and word similarity (Table 2).
 
-* Synonym coverage: every single-sense WordNet noun (a written form with exactly one noun synset)
-  that has a synonym (another written form in its synset) is a query; it counts as covered when
-  at least one synonym is among its 10 nearest neighbours (cosine, the query itself excluded).
-  STE neighbours are lemma items (their written forms are compared); a text encoder embeds every
-  written noun form once and its neighbours are written forms.
+* Synonym coverage, the full protocol by default: every single-sense WordNet noun (a written form, lower
+  case, with exactly one noun synset) that has a synonym (another written form in its synset) is a query:
+  74,909 on WordNet 3.0 (the paper reports 71,895, a count no plain variant of this definition reproduces).
+  It counts as covered when at least one synonym is among its 10 nearest distinct written forms (cosine, the
+  query itself excluded). STE neighbours are lemma items (their written forms are compared, the first 10
+  distinct ones kept); a text encoder embeds every written noun form once and its neighbours are written
+  forms. Vectorised over chunks of queries (``neighbour_coverage``); ``sample`` draws a seeded subset.
 * Word similarity: Spearman correlation (scipy.stats) between cosine similarity and the human
   scores of every ``w1<TAB>w2<TAB>score`` file, on all pairs a model can embed and on the
   WordNet-filtered subset (both words are WordNet nouns). A word maps to all STE items with that
   written form (or its WordNet base form); a pair scores the best cosine over their senses.
+  SimLex-999 is also scored on its 666 noun pairs (the paper's EN-SIMLEX, ``<stem>-N``): the release's POS
+  column, or its block order in a copy without the column (``simlex_noun_subset``).
+* The similarity lists' 64-member cap: what it truncates (``list_cap_statistics``).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from data_modules.wordnet_lists import lemma_surface
+from data_modules.wordnet_lists import SimilarityListConfig, SimilarityLists, config_key, lemma_surface, load_or_build
 from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.errors import MissingInputError
 from grounding.lexicon import wordnet
@@ -125,16 +132,113 @@ def cached_encode(embedder: TextEncoderEmbedder, texts: Sequence[str], cache: Pa
 # ------------------------------------------------------------------------------------------
 # Table 1: synonym coverage
 # ------------------------------------------------------------------------------------------
-def _topk_rows(queries: torch.Tensor, bank: torch.Tensor, k: int, self_rows: torch.Tensor | None, chunk: int = 512):
-    out = []
-    for start in range(0, len(queries), chunk):
-        sims = queries[start:start + chunk] @ bank.T
-        if self_rows is not None:
-            part = self_rows[start:start + chunk]
-            valid = part >= 0
-            sims[torch.arange(len(part))[valid], part[valid]] = -2.0
-        out.append(sims.topk(k, dim=-1).indices)
-    return torch.cat(out) if out else torch.empty(0, k, dtype=torch.long)
+class FormIds:
+    """Written forms -> integer ids (one id space for a bank's items, the queries and their synonyms)."""
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, form: str) -> int:
+        return self.ids.setdefault(form, len(self.ids))
+
+    def get(self, form: str) -> int:
+        return self.ids.get(form, -1)
+
+
+def neighbour_coverage(query_vectors: torch.Tensor, bank: torch.Tensor, bank_form: torch.Tensor,
+                       query_row: torch.Tensor, query_form: torch.Tensor, synonym_codes: np.ndarray, n_forms: int,
+                       k: int = 10, chunk: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """For every query: whether a synonym is among its ``k`` nearest *distinct written forms* of ``bank`` (cosine;
+    rows normalised), and how many of its synonyms are. Vectorised in chunks of ``chunk`` queries (a chunk holds
+    ``chunk x len(bank)`` similarities).
+
+    ``bank_form``: the form id of each bank row (several rows may share one: an STE's sense items);
+    ``query_row``: the query's own bank row (excluded; -1: none); ``query_form``: its form id (never counted as a
+    neighbour); ``synonym_codes``: sorted ``query * n_forms + form`` of every (query, synonym form) pair. The
+    ``3k`` best rows are taken and their first occurrences of each form kept; a query left with fewer than ``k``
+    distinct forms is redone with twice as many rows, up to the whole bank.
+    """
+    n = len(query_vectors)
+    hits = np.zeros(n, bool)
+    found = np.zeros(n, np.int64)
+    limit = len(bank)
+    for start in range(0, n, chunk):
+        sims = query_vectors[start:start + chunk] @ bank.T
+        rows = query_row[start:start + chunk]
+        valid = rows >= 0
+        sims[torch.arange(len(rows))[valid], rows[valid]] = float("-inf")
+        todo = torch.arange(len(rows))
+        m = min(3 * k, limit)
+        while len(todo):
+            top = sims[todo].topk(m, dim=-1).indices
+            forms = bank_form[top]                                         # (q, m)
+            qform = query_form[start + todo]
+            repeated = (forms[:, :, None] == forms[:, None, :]).tril(-1).any(-1)
+            keep = ~repeated & (forms != qform[:, None])
+            if rows.numel():
+                keep &= top != rows[todo][:, None]                        # the query's own row (-inf, still in a full top)
+            rank = keep.cumsum(1)
+            short = rank[:, -1] < k
+            keep &= rank <= k
+            q = (start + todo).numpy()
+            codes = q[:, None] * n_forms + forms.numpy()
+            pos = np.searchsorted(synonym_codes, codes).clip(max=max(len(synonym_codes) - 1, 0))
+            is_syn = (synonym_codes[pos] == codes) if len(synonym_codes) else np.zeros_like(codes, bool)
+            got = is_syn & keep.numpy()
+            done = ~short.numpy() | (m >= limit)
+            hits[q[done]] = got[done].any(1)
+            found[q[done]] = got[done].sum(1)
+            todo = todo[~torch.as_tensor(done)]
+            m = min(2 * m, limit)
+    return hits, found
+
+
+def _coverage_result(queries: SynonymQueries, known: np.ndarray, hits: np.ndarray, found: np.ndarray) -> dict:
+    n = len(queries.words)
+    total = sum(len(s) for s in queries.synonyms)
+    return {"queries": n, "synonyms_in_top10": int(hits.sum()), "coverage": float(hits.sum() / n) if n else float("nan"),
+            "synonym_recall": float(found.sum() / total) if total else float("nan"), "queries_in_vocabulary": int(known.sum())}
+
+
+def _synonym_codes(queries: SynonymQueries, form_ids: FormIds, n_forms: int) -> np.ndarray:
+    codes = [q * n_forms + form_ids.get(s) for q, syns in enumerate(queries.synonyms) for s in syns if form_ids.get(s) >= 0]
+    return np.unique(np.asarray(codes, np.int64))
+
+
+def _bank_coverage(bank: torch.Tensor, bank_forms: Sequence[str], query_rows: Sequence[int], queries: SynonymQueries,
+                   k: int, chunk: int) -> dict:
+    form_ids = FormIds()
+    bank_form = torch.tensor([form_ids(f) for f in bank_forms], dtype=torch.long)
+    query_form = torch.tensor([form_ids(w) for w in queries.words], dtype=torch.long)
+    n_forms = len(form_ids.ids) + 1
+    rows = torch.as_tensor(np.asarray(query_rows, np.int64))
+    known = (rows >= 0).numpy()
+    hits = np.zeros(len(rows), bool)
+    found = np.zeros(len(rows), np.int64)
+    if known.any():
+        idx = torch.nonzero(torch.as_tensor(known)).flatten()
+        sub_codes = _synonym_codes(SynonymQueries([queries.words[i] for i in idx.tolist()],
+                                                  [queries.synonyms[i] for i in idx.tolist()], []), form_ids, n_forms)
+        h, f = neighbour_coverage(bank[rows[idx]], bank, bank_form, rows[idx], query_form[idx], sub_codes, n_forms,
+                                  min(k, len(bank) - 1), chunk)
+        hits[idx.numpy()], found[idx.numpy()] = h, f
+    return _coverage_result(queries, known, hits, found)
+
+
+def ste_synonym_coverage(ste: STEEmbedding, queries: SynonymQueries, k: int = 10, chunk: int = 512) -> dict:
+    """Table 1 for the STE: neighbours are lemma items, compared by written form (the first ``k`` distinct forms;
+    several sense items share a form)."""
+    surfaces = [lemma_surface(key) for key in ste.keys]
+    rows = [ste.index.get(key, -1) for key in queries.keys]
+    return _bank_coverage(ste.normalized, surfaces, rows, queries, k, chunk)
+
+
+def encoder_synonym_coverage(vectors: torch.Tensor, forms: Sequence[str], queries: SynonymQueries, k: int = 10,
+                             chunk: int = 512) -> dict:
+    """Table 1 for a text encoder: ``vectors`` (normalised) embed ``forms`` (WordNet's noun forms, one row each)."""
+    index = {f: i for i, f in enumerate(forms)}
+    rows = [index.get(w, -1) for w in queries.words]
+    return _bank_coverage(vectors, forms, rows, queries, k, chunk)
 
 
 def coverage_from_neighbours(neighbour_forms: Sequence[Sequence[str]], queries: SynonymQueries) -> dict:
@@ -144,43 +248,6 @@ def coverage_from_neighbours(neighbour_forms: Sequence[Sequence[str]], queries: 
     n = len(queries.words)
     return {"queries": n, "synonyms_in_top10": hits, "coverage": hits / n if n else float("nan"),
             "synonym_recall": found / total if total else float("nan")}
-
-
-def ste_synonym_coverage(ste: STEEmbedding, queries: SynonymQueries, k: int = 10) -> dict:
-    """Table 1 for the STE: neighbours are lemma items, compared by written form."""
-
-    rows = torch.tensor([ste.index.get(key, -1) for key in queries.keys])
-    known = rows >= 0
-    surfaces = [lemma_surface(key) for key in ste.keys]
-    # take extra neighbours: several items can share a written form; keep the first k distinct forms
-    top = _topk_rows(ste.normalized[rows[known]], ste.normalized, min(3 * k, len(ste.keys) - 1), rows[known])
-    forms_per_query: list[list[str]] = [[] for _ in queries.words]
-    for q, nb in zip(torch.nonzero(known).flatten().tolist(), top.tolist()):
-        seen: dict[str, None] = {}
-        for r in nb:
-            form = surfaces[r]
-            if form != queries.words[q]:
-                seen.setdefault(form, None)
-            if len(seen) == k:
-                break
-        forms_per_query[q] = list(seen)
-    result = coverage_from_neighbours(forms_per_query, queries)
-    result["queries_in_vocabulary"] = int(known.sum())
-    return result
-
-
-def encoder_synonym_coverage(vectors: torch.Tensor, forms: Sequence[str], queries: SynonymQueries, k: int = 10) -> dict:
-    """Table 1 for a text encoder: ``vectors`` (normalised) embed ``forms`` (WordNet's noun forms)."""
-    index = {f: i for i, f in enumerate(forms)}
-    rows = torch.tensor([index.get(w, -1) for w in queries.words])
-    known = rows >= 0
-    top = _topk_rows(vectors[rows[known]], vectors, k, rows[known])
-    forms_per_query: list[list[str]] = [[] for _ in queries.words]
-    for q, nb in zip(torch.nonzero(known).flatten().tolist(), top.tolist()):
-        forms_per_query[q] = [forms[r] for r in nb]
-    result = coverage_from_neighbours(forms_per_query, queries)
-    result["queries_in_vocabulary"] = int(known.sum())
-    return result
 
 
 # ------------------------------------------------------------------------------------------
@@ -231,17 +298,18 @@ def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
     return float(stats.spearmanr(pred, gold).statistic)
 
 
-def word_similarity_table(files: Sequence[Path], scorers: dict[str, Callable[[str, str], float | None]], wn) -> list[dict]:
-    """One row per (benchmark, model): pair counts and Spearman on the full and WordNet-filtered sets."""
+def word_similarity_table(datasets: Sequence, scorers: dict[str, Callable[[str, str], float | None]], wn) -> list[dict]:
+    """One row per (benchmark, model): pair counts and Spearman on the full and WordNet-filtered sets.
+    ``datasets``: files (``w1<TAB>w2<TAB>score``) or ``(name, pairs)``."""
     rows = []
-    for path in files:
-        pairs = read_word_similarity(path)
+    for item in datasets:
+        name, pairs = item if isinstance(item, tuple) else (Path(item).stem, read_word_similarity(item))
         in_wn = [wordnet_noun(a, wn) and wordnet_noun(b, wn) for a, b, _ in pairs]
         for model, score in scorers.items():
             preds = [score(a, b) for a, b, _ in pairs]
             full = [(p, g) for p, (_, _, g) in zip(preds, pairs) if p is not None]
             filt = [(p, g) for p, f, (_, _, g) in zip(preds, in_wn, pairs) if p is not None and f]
-            rows.append({"dataset": path.stem, "model": model, "pairs": len(pairs), "wordnet_filtered": sum(in_wn),
+            rows.append({"dataset": name, "model": model, "pairs": len(pairs), "wordnet_filtered": sum(in_wn),
                          "covered_full": len(full), "spearman_full": spearman(*zip(*full)) if full else float("nan"),
                          "covered_wordnet": len(filt),
                          "spearman_wordnet": spearman(*zip(*filt)) if filt else float("nan")})
@@ -249,54 +317,244 @@ def word_similarity_table(files: Sequence[Path], scorers: dict[str, Callable[[st
 
 
 # ------------------------------------------------------------------------------------------
+# SimLex-999's nouns (the paper's EN-SIMLEX: 666 pairs)
+# ------------------------------------------------------------------------------------------
+# The release (SimLex-999.txt: word1 word2 POS SimLex999 ...) lists its pairs by part of speech: 111 adjective,
+# 666 noun and 222 verb pairs, in that order. A copy without the POS column that keeps the order gets the POS
+# back from the position; these pairs (0-based row: words) at the blocks' edges check that the order is the
+# release's.
+SIMLEX_BLOCKS = (("A", 111), ("N", 666), ("V", 222))
+SIMLEX_EDGES = {0: ("old", "new"), 110: ("dirty", "narrow"), 111: ("wife", "husband"), 776: ("bowl", "tail"),
+                777: ("go", "come"), 998: ("attend", "arrive")}
+SIMLEX_HEADER = ("word1", "word2", "POS", "SimLex999")
+
+
+def read_simlex_release(path: str | Path) -> tuple[list[tuple[str, str, float]], list[str]] | None:
+    """The original release's layout (a header ``word1 word2 POS SimLex999 ...``): its pairs and POS column;
+    None for any other file."""
+    lines = [line for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    if not lines or tuple(lines[0].split("\t")[:4]) != SIMLEX_HEADER:
+        return None
+    pairs, pos = [], []
+    for n, line in enumerate(lines[1:], 2):
+        parts = line.split("\t")
+        try:
+            pairs.append((parts[0].strip(), parts[1].strip(), float(parts[3])))
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"{path}:{n}: expected the SimLex-999 release's columns (word1 word2 POS SimLex999 ...)") from e
+        pos.append(parts[2].strip().upper())
+    return pairs, pos
+
+
+def simlex_parts_of_speech(pairs: Sequence[tuple[str, str, float]]) -> list[str] | None:
+    """Each pair's POS from the release's block order (adjectives, nouns, verbs), when ``pairs`` are the 999 pairs
+    in that order (checked on the pairs at the blocks' edges); None otherwise."""
+    if len(pairs) != sum(n for _, n in SIMLEX_BLOCKS):
+        return None
+    if any((pairs[i][0].lower(), pairs[i][1].lower()) != words for i, words in SIMLEX_EDGES.items()):
+        return None
+    return [pos for pos, n in SIMLEX_BLOCKS for _ in range(n)]
+
+
+def noun_only(word: str, wn) -> bool:
+    """A WordNet noun with no verb, adjective or adverb sense (the WordNet-only stand-in for a POS column)."""
+    w = word.replace(" ", "_")
+    return bool(wn.synsets(w, pos="n")) and not any(wn.synsets(w, pos=p) for p in "vasr")
+
+
+def simlex_noun_subset(path: str | Path, wn=None) -> tuple[list[tuple[str, str, float]], dict]:
+    """SimLex-999's noun pairs (the paper's 666-pair EN-SIMLEX) and how they were found: the release's POS column,
+    else its block order (:func:`simlex_parts_of_speech`), else (a file in another order) the pairs whose words
+    are both WordNet nouns without any other part of speech. The dict says which, with the counts of the
+    WordNet-based alternatives for comparison."""
+    release = read_simlex_release(path)
+    pairs, pos = release if release else (read_word_similarity(path), None)
+    method = "the release's POS column" if release else None
+    if pos is None:
+        pos = simlex_parts_of_speech(pairs)
+        method = "the release's block order (111 A, 666 N, 222 V; checked on the pairs at the blocks' edges)" if pos else None
+    info: dict = {"pairs": len(pairs)}
+    if wn is not None:
+        both_nouns = [wordnet_noun(a, wn) and wordnet_noun(b, wn) for a, b, _ in pairs]
+        only_nouns = [noun_only(a, wn) and noun_only(b, wn) for a, b, _ in pairs]
+        info.update(wordnet_noun_pairs=sum(both_nouns), wordnet_noun_only_pairs=sum(only_nouns))
+        if pos is not None:
+            info.update(pos_nouns_that_are_wordnet_nouns=sum(b for b, p in zip(both_nouns, pos) if p == "N"),
+                        wordnet_noun_only_pairs_among_pos_nouns=sum(o for o, p in zip(only_nouns, pos) if p == "N"))
+    if pos is None:
+        if wn is None:
+            raise ValueError(f"{path}: neither the SimLex-999 release's POS column nor its pair order; "
+                             "the noun subset needs WordNet (noun-only pairs)")
+        pos = ["N" if o else "?" for o in only_nouns]
+        method = "WordNet: both words nouns with no other part of speech (the file has no POS column and not the release's order)"
+    nouns = [p for p, tag in zip(pairs, pos) if tag == "N"]
+    info.update(method=method, noun_pairs=len(nouns))
+    return nouns, info
+
+
+def is_simlex(path: str | Path) -> bool:
+    return "simlex" in Path(path).stem.lower()
+
+
+def benchmark_datasets(files: Sequence[Path], wn=None) -> tuple[list[tuple[str, list]], dict]:
+    """``(name, pairs)`` of every file, SimLex-999 followed by its noun subset (``<stem>-N``); with the subset's
+    derivation (:func:`simlex_noun_subset`) per SimLex file."""
+    datasets, notes = [], {}
+    for path in files:
+        release = read_simlex_release(path)
+        datasets.append((path.stem, release[0] if release else read_word_similarity(path)))
+        if is_simlex(path):
+            nouns, info = simlex_noun_subset(path, wn)
+            datasets.append((f"{path.stem}-N", nouns))
+            notes[f"{path.stem}-N"] = info
+    return datasets, notes
+
+
+# ------------------------------------------------------------------------------------------
+# The similarity lists' size cap (SimilarityListConfig.max_list_size)
+# ------------------------------------------------------------------------------------------
+_SYNSET_PREFIX = re.compile(r"^(.+?\.[nvasr]\.\d+)\.")
+
+
+def _synset_of(key: str) -> str:
+    """``"a.d..n.01.A.D."`` -> ``"a.d..n.01"`` (a lemma key's synset; lemma names may hold dots)."""
+    m = _SYNSET_PREFIX.match(key)
+    return m[1] if m else key.rsplit(".", 1)[0]
+
+
+def list_cap_statistics(uncapped: SimilarityLists, cap: int = 64, wn=None, examples: int = 5) -> dict:
+    """What ``max_list_size = cap`` does to the lists built without a cap (``uncapped``), as the traversal applies
+    it: a list keeps its synonyms (all of them, even beyond the cap) and then its best-scored neighbours, sorted by
+    Wu–Palmer score (descending) and synset name, up to ``cap`` items; the rest is dropped. Counts the truncated
+    lists and dropped pairs, whether a cut falls inside a group of equal scores (the name decides) or splits one
+    synset's lemmas, the scores kept and dropped and, with ``wn``, the share of hypernym-side and hyponym-side
+    neighbours (within the traversal's depth differential) among every, the kept and the dropped pair."""
+    sizes = np.diff(uncapped.indptr)
+    is_syn = uncapped.scores >= 1.0
+    starts = uncapped.indptr[:-1]
+    synonyms = np.zeros(len(sizes), np.int64)
+    nonempty = sizes > 0
+    synonyms[nonempty] = np.add.reduceat(is_syn.astype(np.int64), starts[nonempty])
+    keep = np.minimum(sizes, np.maximum(cap, synonyms))
+    truncated = sizes > keep
+    rows = np.flatnonzero(truncated)
+    cut = starts[rows] + keep[rows]                       # the first dropped pair of each truncated list
+    kept_mask = np.ones(len(uncapped.indices), bool)
+    for a, c in zip(starts[rows] + sizes[rows], cut):
+        kept_mask[c:a] = False
+    last_kept, first_dropped = uncapped.scores[cut - 1], uncapped.scores[cut]
+    vocab = uncapped.vocab
+    split = sum(_synset_of(vocab[uncapped.indices[c - 1]]) == _synset_of(vocab[uncapped.indices[c]]) for c in cut)
+    dropped_scores = uncapped.scores[~kept_mask]
+    kept_scores = uncapped.scores[kept_mask]
+    out = {
+        "cap": cap, "lists": int(len(sizes)), "pairs_uncapped": int(sizes.sum()), "pairs_capped": int(keep.sum()),
+        "lists_truncated": int(truncated.sum()), "lists_truncated_share": float(truncated.mean()) if len(sizes) else 0.0,
+        "pairs_dropped": int((sizes - keep).sum()),
+        "pairs_dropped_share": float((sizes - keep).sum() / sizes.sum()) if sizes.sum() else 0.0,
+        "lists_with_more_synonyms_than_cap": int((synonyms > cap).sum()),
+        "largest_list_uncapped": int(sizes.max()) if len(sizes) else 0,
+        "truncated_list_size_median": float(np.median(sizes[rows])) if len(rows) else 0.0,
+        "cuts_inside_equal_scores": int((last_kept == first_dropped).sum()),
+        "cuts_splitting_a_synset": int(split),
+        "lowest_kept_score_in_truncated_lists_median": float(np.median(last_kept)) if len(rows) else None,
+        "dropped_score_max": float(dropped_scores.max()) if len(dropped_scores) else None,
+        "dropped_score_median": float(np.median(dropped_scores)) if len(dropped_scores) else None,
+        "synonym_share_uncapped": float(is_syn.mean()) if len(is_syn) else 0.0,
+        "synonym_share_capped": float(is_syn[kept_mask].mean()) if kept_mask.any() else 0.0,
+        "kept_score_median": float(np.median(kept_scores)) if len(kept_scores) else None,
+        "largest_truncated": [{"anchor": vocab[uncapped.anchors[r]], "size": int(sizes[r]), "kept": int(keep[r])}
+                              for r in rows[np.argsort(-sizes[rows], kind="stable")][:examples]],
+    }
+    if wn is not None:
+        depth_diff = int((uncapped.metadata.get("config") or {}).get("max_depth_diff", 2))
+        owner = np.repeat(np.arange(len(sizes)), sizes)
+        up = _hypernym_side(uncapped, owner, ~is_syn, wn, depth_diff)
+        for label, mask in (("all", np.ones_like(kept_mask)), ("kept", kept_mask), ("dropped", ~kept_mask)):
+            neigh = ~is_syn & mask
+            n = int(neigh.sum())
+            out[f"hypernym_side_share_{label}"] = float((up & neigh).sum() / n) if n else None
+    return out
+
+
+def _hypernym_side(lists: SimilarityLists, owner: np.ndarray, neighbour: np.ndarray, wn, depth_diff: int) -> np.ndarray:
+    """For each pair: whether the member's synset is a hypernym of the anchor's, at most ``depth_diff`` edges up."""
+    ups: dict[str, set[str]] = {}
+
+    def hypernyms(name: str) -> set[str]:
+        got = ups.get(name)
+        if got is None:
+            got, frontier = set(), [wn.synset(name)]
+            for _ in range(depth_diff):
+                frontier = [h for s in frontier for h in s.hypernyms() + s.instance_hypernyms()]
+                got.update(h.name() for h in frontier)
+            ups[name] = got
+        return got
+
+    out = np.zeros(len(lists.indices), bool)
+    for i in np.flatnonzero(neighbour):
+        anchor = _synset_of(lists.vocab[lists.anchors[owner[i]]])
+        out[i] = _synset_of(lists.vocab[lists.indices[i]]) in hypernyms(anchor)
+    return out
+
+
+def uncapped_lists(config: SimilarityListConfig | None = None) -> SimilarityLists:
+    """The whole-WordNet lists of ``config`` (default: the STE's traversal) without the size cap, built once
+    (about a minute) into the cache folder where SimilarityListsDataModule looks for them."""
+    config = dataclasses.replace(config or SimilarityListConfig(), max_list_size=None)
+    return load_or_build(cache_dir() / "semclip" / f"similarity_lists-{config_key(config)}.npz", config)
+
+
+# ------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------
-def _markdown(rows: list[dict], columns: Sequence[str]) -> str:
-    def fmt(v):
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     return buf.getvalue()
 
 
 def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("minilm",), word_similarity: str | Path | None = None,
-                 max_queries: int | None = None, batch_size: int = 512, seed: int = 0) -> Path:
-    """Table 1 + Table 2 for the STE (and text encoders) into ``out/`` (README.md + CSVs + meta.json)."""
+                 sample: int | None = None, batch_size: int = 512, seed: int = 0, max_queries: int | None = None,
+                 cap_statistics: bool = True, wn=None, queries: SynonymQueries | None = None,
+                 forms: Sequence[str] | None = None, chunk: int = 512) -> Path:
+    """Table 1 + Table 2 for the STE (and text encoders) into ``out/`` (README.md + CSVs + meta.json).
 
-    wn = wordnet()
+    Table 1 is the full protocol (every single-sense noun query) unless ``sample`` (``max_queries``, its older
+    name) draws that many queries (seeded). ``cap_statistics``: the 64-member list cap's effect on the whole-WordNet
+    lists (built uncapped once, cached). ``wn`` / ``queries`` / ``forms``: WordNet, the Table 1 queries and the
+    encoders' noun forms (default: from WordNet 3.0)."""
+
+    sample = sample if sample is not None else max_queries
+    wn = wn if wn is not None else wordnet()
     t0 = time.perf_counter()
     emb = STEEmbedding.load(ste)
-    queries = single_sense_noun_queries(wn)
-    # An STE trained on part of WordNet (e.g. the tiny config) is scored on the queries it knows.
+    queries = queries if queries is not None else single_sense_noun_queries(wn)
+    all_queries = len(queries.words)
+    # An STE trained on part of WordNet (e.g. the world config) is scored on the queries it knows.
     in_vocab = [i for i, key in enumerate(queries.keys) if key in emb.index]
     if len(in_vocab) < len(queries.keys):
         print(f"STE vocabulary covers {len(in_vocab)} of {len(queries.keys)} synonym queries; scoring those", flush=True)
-        queries = SynonymQueries(*([lst[i] for i in in_vocab] for lst in (queries.words, queries.synonyms, queries.keys)))
-    if max_queries is not None and max_queries < len(queries.words):
-        pick = np.sort(np.random.default_rng(seed).choice(len(queries.words), max_queries, replace=False))
-        queries = SynonymQueries(*([lst[i] for i in pick] for lst in (queries.words, queries.synonyms, queries.keys)))
+        queries = _subset(queries, in_vocab)
+    if sample is not None and sample < len(queries.words):
+        queries = _subset(queries, np.sort(np.random.default_rng(seed).choice(len(queries.words), sample, replace=False)))
+    protocol = (f"a seeded sample of {len(queries.words)} queries (seed {seed})" if sample is not None and
+                len(queries.words) < len(in_vocab) else f"all {len(queries.words)} queries")
     timings = {}
-    coverage = [{"embedding": "STE", **ste_synonym_coverage(emb, queries)}]
+    coverage = [{"embedding": "STE", **ste_synonym_coverage(emb, queries, chunk=chunk)}]
     timings["ste_coverage_s"] = round(time.perf_counter() - t0, 1)
     print(f"STE synonym coverage: {coverage[0]} ({timings['ste_coverage_s']}s)", flush=True)
-    forms = noun_forms(wn)
+    forms = list(forms) if forms is not None else (noun_forms(wn) if encoders else [])
     encoder_vectors = {}
     for name in encoders:
         t = time.perf_counter()
         embedder = TextEncoderEmbedder(name, batch_size=batch_size)
         vectors = cached_encode(embedder, forms, cache_dir() / "semclip" / "encoder_vectors")
         encoder_vectors[name] = (embedder, vectors, {f: i for i, f in enumerate(forms)})
-        coverage.append({"embedding": name, **encoder_synonym_coverage(vectors, forms, queries)})
+        coverage.append({"embedding": name, **encoder_synonym_coverage(vectors, forms, queries, chunk=chunk)})
         timings[f"{name}_coverage_s"] = round(time.perf_counter() - t, 1)
         print(f"{name} synonym coverage: {coverage[-1]} ({timings[f'{name}_coverage_s']}s)", flush=True)
 
@@ -304,42 +562,153 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
     files = sorted(p for p in ws_dir.glob("*.txt")) if ws_dir.is_dir() else []
     if word_similarity and not files:
         raise MissingInputError(f"No word-similarity files (*.txt, w1<TAB>w2<TAB>score) in {ws_dir}")
+    datasets, subset_notes = benchmark_datasets(files, wn)
     scorers: dict[str, Callable] = {"STE": lambda a, b: ste_pair_similarity(emb, a, b, wn)}
     for name, (embedder, vectors, index) in encoder_vectors.items():
         # words outside WordNet's noun forms are encoded in one batch up front
-        extra = sorted({w.lower() for f in files for a, b, _ in read_word_similarity(f) for w in (a, b)} - set(index))
+        extra = sorted({w.lower() for _, pairs in datasets for a, b, _ in pairs for w in (a, b)} - set(index))
         extra_vectors = dict(zip(extra, embedder.encode(extra))) if extra else {}
 
         def score(a, b, vectors=vectors, index=index, extra_vectors=extra_vectors):
             va = [vectors[index[w.lower()]] if w.lower() in index else extra_vectors[w.lower()] for w in (a, b)]
             return float(va[0] @ va[1])
         scorers[name] = score
-    ws_rows = word_similarity_table(files, scorers, wn)
+    ws_rows = word_similarity_table(datasets, scorers, wn)
+    cap = None
+    if cap_statistics:
+        t = time.perf_counter()
+        cap = list_cap_statistics(uncapped_lists(), SimilarityListConfig().max_list_size, wn)
+        timings["cap_statistics_s"] = round(time.perf_counter() - t, 1)
 
     out = Path(out)
-    cov_cols = ["embedding", "queries", "queries_in_vocabulary", "synonyms_in_top10", "coverage", "synonym_recall"]
-    ws_cols = ["dataset", "model", "pairs", "wordnet_filtered", "covered_full", "spearman_full", "covered_wordnet", "spearman_wordnet"]
-    pivot = []
+    readme = report_markdown(ste, emb, coverage, ws_rows, protocol=protocol, all_queries=all_queries,
+                             subset_notes=subset_notes, cap=cap)
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        (tmp / "README.md").write_text(readme)
+        (tmp / "synonym_coverage.csv").write_text(_csv(coverage))
+        (tmp / "word_similarity.csv").write_text(_csv(ws_rows))
+        (tmp / "table2.csv").write_text(_csv(table2_rows(ws_rows)))
+        (tmp / "meta.json").write_text(json.dumps({"ste": str(ste), "encoders": list(encoders), "word_similarity": str(ws_dir),
+                                                   "protocol": protocol, "wordnet_queries": all_queries,
+                                                   "sample": sample, "seed": seed, "simlex_nouns": subset_notes,
+                                                   "list_cap": cap, "timings": timings,
+                                                   "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+    return out
+
+
+def _subset(queries: SynonymQueries, rows) -> SynonymQueries:
+    return SynonymQueries(*([lst[i] for i in rows] for lst in (queries.words, queries.synonyms, queries.keys)))
+
+
+def table2_rows(ws_rows: list[dict]) -> list[dict]:
+    """Table 2 laid out as the paper's: one row per benchmark, our models' Spearman on the WordNet-filtered pairs
+    (``<model>``) and on every pair (``<model> all pairs``), beside the paper's STE columns."""
+    rows = []
     for ds in dict.fromkeys(r["dataset"] for r in ws_rows):
-        row = {"dataset": ds}
+        paper = PAPER_TABLE2.get(ds)
+        row = {"dataset": ds, "pairs": None, "wordnet_filtered": None}
         for r in ws_rows:
             if r["dataset"] == ds:
                 row.update(pairs=r["pairs"], wordnet_filtered=r["wordnet_filtered"])
-                row[f"{r['model']} full"] = r["spearman_full"]
-                row[f"{r['model']} WordNet"] = r["spearman_wordnet"]
-        pivot.append(row)
-    readme = ["# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
-              "## Synonym coverage (Table 1)\n",
-              "Single-sense WordNet nouns with a synonym; covered = a synonym among the 10 nearest neighbours.\n",
-              _markdown(coverage, cov_cols), "\n## Word similarity (Table 2), Spearman\n",
-              "`full`: every pair the model can embed; `WordNet`: pairs whose words are both WordNet nouns.\n",
-              _markdown(pivot, list(pivot[0]) if pivot else ["dataset"]), "\n### Pair coverage\n", _markdown(ws_rows, ws_cols), ""]
-    with atomic_path(out) as tmp:
-        tmp.mkdir()
-        (tmp / "README.md").write_text("\n".join(readme))
-        (tmp / "synonym_coverage.csv").write_text(_csv(coverage))
-        (tmp / "word_similarity.csv").write_text(_csv(ws_rows))
-        (tmp / "meta.json").write_text(json.dumps({"ste": str(ste), "encoders": list(encoders), "word_similarity": str(ws_dir),
-                                                   "max_queries": max_queries, "timings": timings,
-                                                   "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
-    return out
+                row[r["model"]] = r["spearman_wordnet"]
+                row[f"{r['model']} all pairs"] = r["spearman_full"]
+        row.update({"paper dataset": paper[0] if paper else "", "paper pairs": paper[1] if paper else None,
+                    "paper WordNet filtered": paper[2] if paper else None, "paper STE": paper[3] if paper else None,
+                    "paper STE (similar subset)": paper[4] if paper else None})
+        rows.append(row)
+    return rows
+
+
+# The paper's Table 2: our file stem -> (its name, original pairs, WordNet filtered, STE, STE on the "similar
+# subset"). Its EN-SIMLEX is the 666 noun pairs (our <stem>-N); EN-MTurk-771, EN-YP-130 and the *-SYNS sets are
+# not in the shared data.
+PAPER_TABLE2 = {
+    "EN-MC-30": ("EN-MC-30", 30, 30, 0.650, 0.650),
+    "EN-MEN-TR-3k": ("EN-MEN-TR-3k", 3000, 2657, 0.257, 0.780),
+    "EN-MTurk-287": ("EN-MTurk-287", 287, 243, 0.300, 0.810),
+    "EN-RG-65": ("EN-RG-65", 65, 64, 0.640, 0.820),
+    "EN-RW-STANFORD": ("EN-RW-STANFORD", 2034, 910, 0.217, 0.590),
+    "EN-SIMLEX-999-N": ("EN-SIMLEX", 666, 666, 0.398, 0.670),
+    "EN-WS-353-ALL": ("EN-WS-353-ALL", 352, 348, 0.303, 0.720),
+    "EN-WS-353-REL": ("EN-WS-353-REL", 252, 248, 0.0, 0.0),
+    "EN-WS-353-SIM": ("EN-WS-353-SIM", 203, 201, 0.820, 0.820),
+}
+# The paper's Table 1 (71,895 queries each).
+PAPER_TABLE1 = {"CLIP": (71895, 28070, 0.4927), "SBERT": (71895, 37888, 0.527), "STE": (71895, 67309, 0.877)}
+
+
+def _fmt_cell(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "—" if v != v else f"{v:.3f}"
+    return str(v)
+
+
+def _md(rows: list[dict], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report_markdown(ste, emb: STEEmbedding, coverage: list[dict], ws_rows: list[dict], protocol: str, all_queries: int,
+                    subset_notes: dict, cap: dict | None) -> str:
+    cov_cols = ["embedding", "queries", "queries_in_vocabulary", "synonyms_in_top10", "coverage", "synonym_recall"]
+    ws_cols = ["dataset", "model", "pairs", "wordnet_filtered", "covered_full", "spearman_full", "covered_wordnet",
+               "spearman_wordnet"]
+    paper1 = [{"embedding": f"paper: {k}", "queries": q, "synonyms_in_top10": h, "coverage": c}
+              for k, (q, h, c) in PAPER_TABLE1.items()]
+    t2 = table2_rows(ws_rows)
+    models = list(dict.fromkeys(r["model"] for r in ws_rows))
+    t2_cols = ["dataset", "pairs", "wordnet_filtered", *models, *[f"{m} all pairs" for m in models],
+               "paper pairs", "paper WordNet filtered", "paper STE", "paper STE (similar subset)"]
+    lines = ["# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
+             "## Synonym coverage (Table 1)\n",
+             f"Protocol: {protocol} of the {all_queries} WordNet 3.0 queries: every written noun form (lower case) "
+             "with exactly one noun synset whose synset has another written form (its synonyms). Covered = a synonym "
+             "among the query's 10 nearest distinct written forms (cosine, the query excluded); an STE's neighbours "
+             "are its lemma items, a text encoder's every WordNet noun form (embedded once). "
+             "The paper counts 71,895 queries (\"70,000 single sense nouns\") without a definition that gives that "
+             "number on WordNet 3.0; its rows are shown for reference.\n",
+             _md(coverage + paper1, cov_cols),
+             "\n## Word similarity (Table 2), Spearman\n",
+             "Model columns: the WordNet-filtered pairs (both words WordNet nouns), as the paper's STE column; "
+             "`all pairs`: every pair the model embeds. `-N`: SimLex-999's noun pairs (the paper's EN-SIMLEX). "
+             "The paper's columns: its Table 2 (STE, and STE on its \"similar subset\").\n",
+             _md(t2, t2_cols)]
+    for name, info in subset_notes.items():
+        lines.append(f"\n`{name}`: {info['noun_pairs']} noun pairs of {info['pairs']}, from {info['method']}."
+                     + (f" For comparison: {info['wordnet_noun_pairs']} pairs have both words as WordNet nouns, "
+                        f"{info['wordnet_noun_only_pairs']} both as nouns with no other WordNet part of speech"
+                        if "wordnet_noun_pairs" in info else "")
+                     + (f"; of the {info['noun_pairs']} noun pairs {info['pos_nouns_that_are_wordnet_nouns']} have "
+                        "both words as WordNet nouns." if "pos_nouns_that_are_wordnet_nouns" in info else "."))
+    lines += ["\n### Pair coverage\n", _md(ws_rows, ws_cols)]
+    if cap is not None:
+        lines += ["\n## The similarity lists' size cap\n", cap_markdown(cap)]
+    return "\n".join(lines) + "\n"
+
+
+def cap_markdown(cap: dict) -> str:
+    pct = lambda v: "—" if v is None else f"{100 * v:.1f} %"  # noqa: E731
+    text = (f"`max_list_size = {cap['cap']}` (data_modules/wordnet_lists.py): a list keeps all its synonyms, then its "
+            "neighbours by Wu–Palmer score (descending; equal scores by synset name, lemma by lemma), up to "
+            f"{cap['cap']} members. On the whole-WordNet lists (default traversal: depth differential 2, Wu–Palmer ≥ 0.8, "
+            f"no siblings) it truncates **{cap['lists_truncated']:,} of {cap['lists']:,} lists** "
+            f"({pct(cap['lists_truncated_share'])}) and drops **{cap['pairs_dropped']:,} of {cap['pairs_uncapped']:,} "
+            f"pairs** ({pct(cap['pairs_dropped_share'])}); {cap['lists_with_more_synonyms_than_cap']} lists have more "
+            f"synonyms than the cap. The truncated lists are the anchors with large subtrees (median uncapped size "
+            f"{cap['truncated_list_size_median']:.0f}, largest {cap['largest_list_uncapped']:,}). "
+            f"{cap['cuts_inside_equal_scores']:,} cuts fall inside a group of equal scores (the synset name decides) "
+            f"and {cap['cuts_splitting_a_synset']:,} split one synset's lemmas. The median lowest kept score of a "
+            f"truncated list is {cap['lowest_kept_score_in_truncated_lists_median']:.3f}; dropped scores reach "
+            f"{cap['dropped_score_max']:.3f} (median {cap['dropped_score_median']:.3f}). Synonym share of the pairs: "
+            f"{pct(cap['synonym_share_uncapped'])} uncapped, {pct(cap['synonym_share_capped'])} capped.")
+    if cap.get("hypernym_side_share_all") is not None:
+        text += (f" Hypernym-side share of the non-synonym pairs: {pct(cap['hypernym_side_share_all'])} uncapped, "
+                 f"{pct(cap['hypernym_side_share_kept'])} kept, {pct(cap['hypernym_side_share_dropped'])} dropped "
+                 "(the rest are hyponyms).")
+    if cap.get("largest_truncated"):
+        text += " Largest: " + ", ".join(f"`{e['anchor']}` {e['size']:,} → {e['kept']}" for e in cap["largest_truncated"]) + "."
+    return text + "\n"
