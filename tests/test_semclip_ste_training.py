@@ -203,3 +203,40 @@ def test_training_step_equals_the_old_step():
             o.step()
     for (name, p_new), p_old in zip(new.model.named_parameters(), old.model.parameters()):
         assert torch.allclose(p_new, p_old, rtol=1e-5, atol=1e-6), name
+
+
+# ------------------------------------------------------------------------------------------
+# The oneDNN GEMMs against torch's
+# ------------------------------------------------------------------------------------------
+def test_mm_nt_equals_torch_mm():
+    from grounding.semclip.losses import mm_nt
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(37, 19, generator=g), torch.randn(23, 19, generator=g), torch.randn(23, generator=g)
+    assert torch.allclose(mm_nt(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(mm_nt(x, w, b, relu=True), torch.relu(x @ w.T + b), rtol=1e-5, atol=1e-5)
+    y = torch.randn(37, 5, generator=g)
+    assert torch.allclose(mm_nt(x.T, y.T), x.T @ y, rtol=1e-5, atol=1e-5)  # strided views
+    with pytest.raises(RuntimeError):
+        mm_nt(x, y)  # shapes that do not multiply: torch's error
+    assert torch.equal(mm_nt(x.double(), w.double()), x.double() @ w.double().T)  # float64: torch.mm
+
+
+def test_linear_relu_equals_nn_linear_relu():
+    from grounding.semclip.losses import linear_relu
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(12, 9)
+    ref = torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.ReLU())
+    ref[0].load_state_dict(layer.state_dict())
+    x = torch.randn(50, 12)
+    for f, lin in ((lambda t: linear_relu(t, layer), layer), (ref, ref[0])):
+        xx = x.clone().requires_grad_()
+        out = f(xx)
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        lin.grads = (out.detach(), xx.grad, lin.weight.grad, lin.bias.grad)
+    for got, want in zip(layer.grads, ref[0].grads):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert linear_relu(torch.randn(2, 3, 12), layer).shape == (2, 3, 9)
+    xd = x.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: linear_relu(t, layer.double()), (xd[:4],))

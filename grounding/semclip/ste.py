@@ -29,7 +29,7 @@ from data_modules.wordnet_lists import lemma_surface
 from grounding.errors import MissingInputError
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.nets import RecordedNet
-from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
+from grounding.semclip.losses import linear_relu, list_contrastive_loss, mm_nt, multi_positive_contrastive_loss
 from grounding.utils.io import atomic_path
 
 
@@ -95,15 +95,17 @@ class STEEncoder(RecordedNet):
         self.encoder = nn.Sequential(nn.Linear(embedding_dim, encoding_size), nn.ReLU())
         self.projection = nn.Sequential(nn.Linear(encoding_size, projection_size or encoding_size), nn.ReLU())
 
+    # the layers are nn.Sequential(Linear, ReLU) (checkpoint keys encoder.0.*, projection.0.*), run as one
+    # fused Linear+ReLU each (grounding.semclip.losses.linear_relu: oneDNN GEMMs, same values)
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.encoder(self.embedding(ids))
+        return linear_relu(self.embedding(ids), self.encoder[0])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.encode(ids))
+        return self.head(self.embedding(ids))
 
     def head(self, rows: torch.Tensor) -> torch.Tensor:
         """``forward`` from embedding rows already looked up (the training step's gathered rows)."""
-        return self.projection(self.encoder(rows))
+        return linear_relu(linear_relu(rows, self.encoder[0]), self.projection[0])
 
     @torch.no_grad()
     def encode_all(self, chunk: int = 16384) -> torch.Tensor:
@@ -207,7 +209,7 @@ class SemanticTextEmbedding(GroundingModule):
         n = len(batch["anchors"])
         self.log("val/loss", self.batch_loss(batch), prog_bar=True, batch_size=n)
         # list recall@10: an anchor's 10 nearest STE vectors (itself excluded) hold a list member
-        sims = self._val_vectors[batch["anchors"]] @ self._val_vectors.T
+        sims = mm_nt(self._val_vectors[batch["anchors"]], self._val_vectors)
         sims[torch.arange(n), batch["anchors"]] = -2.0
         top = sims.topk(min(10, sims.shape[1] - 1), dim=-1).indices
         # (anchor row, vocabulary id) keys of the positive list members, and of the 10 nearest
