@@ -5,6 +5,11 @@
 1. Wu–Palmer: NLTK's ``Synset.wup_similarity`` vs the cached WordNetNounGraph (same numbers).
 2. STE step on the full noun vocabulary (batch 800, encoding 300): sparse embedding + SparseAdam
    vs a dense embedding with one Adam (the paper's plain setup).
+2b. STE fit time per epoch, the suite's path against the path before issue 16 (restated below: the
+   dense B x C Y and Eq. 3 through log_softmax, nn.Embedding's sparse autograd + torch's SparseAdam,
+   MKL GEMMs, 2000 validation anchors, the best checkpoint with optimizer state and the vocabulary
+   pickled as a list): training steps interleaved old/new in one process (median), plus one
+   validation pass and one epoch's checkpoint writes each; wall and CPU seconds, and the ratio.
 3. SemCLIP store index: query latency at 10k and 100k items (300-d STE space), exact torch matmul
    vs FAISS (IndexFlatIP, exact too, when faiss-cpu is installed: `pip install -e '.[ann]'`).
 
@@ -22,6 +27,7 @@ import torch
 from data_modules.similarity_lists import SimilarityListCollator
 from data_modules.wordnet_lists import SimilarityLists, WordNetNounGraph
 from grounding.semclip.alignment import SemanticIndex
+from grounding.semclip.losses import multi_positive_contrastive_loss
 from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
 
 
@@ -74,6 +80,135 @@ def bench_ste(lists_path: str, steps: int):
     print(f"dense / sparse step time: x{results[False] / results[True]:.2f}")
 
 
+class _Clock:
+    """Wall and CPU (process) seconds of a block: on a shared machine the CPU seconds are the steadier."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+class _OldSTEPath:
+    """The STE fit's path before issue 16, restated: dense Y (B x C), Eq. 3 through log_softmax
+    (multi_positive_contrastive_loss), nn.Embedding(sparse=True) autograd + torch.optim.SparseAdam,
+    nn.Linear/ReLU (MKL sgemm), validation on 2000 anchors with torch matmul, the best checkpoint
+    with optimizer state, the vocabulary pickled as a list."""
+
+    val_anchors = 2000
+
+    def __init__(self, lists, model):
+        self.m, self.enc, self.lists = model, model.model, lists
+        self.collate = SimilarityListCollator(lists, dense_targets=True)
+        self.opts = [torch.optim.SparseAdam(list(self.enc.embedding.parameters()), lr=1e-2),
+                     torch.optim.Adam(list(self.enc.encoder.parameters()) + list(self.enc.projection.parameters()), lr=1e-3)]
+
+    def z(self, ids):
+        return self.enc.projection(self.enc.encoder(self.enc.embedding(ids)))
+
+    def step(self, rows):
+        b = self.collate(rows.tolist())
+        for o in self.opts:
+            o.zero_grad()
+        z = self.z(b["candidates"])
+        multi_positive_contrastive_loss(z[b["anchor_position"]], z, b["targets"], 0.05,
+                                        anchor_position=b["anchor_position"]).backward()
+        for o in self.opts:
+            o.step()
+
+    @torch.no_grad()
+    def validate(self, rows):
+        ids = torch.arange(len(self.lists.vocab))
+        vectors = torch.nn.functional.normalize(torch.cat([self.enc.encoder(self.enc.embedding(c)) for c in ids.split(16384)]), dim=-1)
+        for part in np.array_split(rows, int(np.ceil(len(rows) / 800))):
+            b = self.collate(part.tolist())
+            z = self.z(b["candidates"])
+            multi_positive_contrastive_loss(z[b["anchor_position"]], z, b["targets"], 0.05, anchor_position=b["anchor_position"])
+            sims = vectors[b["anchors"]] @ vectors.T
+            sims.topk(10, dim=-1)
+
+    def checkpoints(self, folder):
+        full = {"state_dict": self.m.state_dict(), "optimizer_states": [o.state_dict() for o in self.opts],
+                "ste_vocab": list(self.lists.vocab)}
+        torch.save(full, f"{folder}/best.ckpt")
+        torch.save(full, f"{folder}/last.ckpt")
+
+
+class _NewSTEPath:
+    """The suite's path: SemanticTextEmbedding.training_step (row gather, Eq. 3 in list form, oneDNN
+    GEMMs, RowSparseAdam) and its validation_step / checkpoint hooks, without a Trainer."""
+
+    val_anchors = 800
+
+    def __init__(self, lists, model):
+        self.m, self.lists = model, lists
+        self.collate = SimilarityListCollator(lists)
+        self.opts = model.configure_optimizers()
+        model.optimizers = lambda: self.opts  # the LightningModule's hooks without a Trainer
+        model.manual_backward = lambda loss: loss.backward()
+        model.log = lambda *a, **k: None
+        model.vocab = lists.vocab
+
+    def step(self, rows):
+        self.m.training_step(self.collate(rows), 0)
+
+    @torch.no_grad()
+    def validate(self, rows):
+        self.m.on_validation_epoch_start()
+        for i, part in enumerate(np.array_split(rows, int(np.ceil(len(rows) / 800)))):
+            self.m.validation_step(self.collate(part), i)
+        self.m.on_validation_epoch_end()
+
+    def checkpoints(self, folder):
+        full = {"state_dict": self.m.state_dict(), "optimizer_states": [o.state_dict() for o in self.opts]}
+        self.m.on_save_checkpoint(full)
+        torch.save({k: v for k, v in full.items() if k != "optimizer_states"}, f"{folder}/best.ckpt")  # weights only
+        torch.save(full, f"{folder}/last.ckpt")
+
+
+def bench_ste_epoch(lists_path: str, steps: int, epochs: int = 10):
+    """s/epoch of the STE fit, old path vs new, measured side by side (see the module docstring)."""
+    import os
+    import tempfile
+
+    lists = SimilarityLists.load(lists_path)
+    rows = np.flatnonzero(np.diff(lists.indptr) > 0)
+    per_epoch = int(np.ceil(len(rows) / 800))
+    order = np.random.default_rng(0).permutation(rows)
+    paths = {}
+    for name, cls in (("old", _OldSTEPath), ("new", _NewSTEPath)):
+        torch.manual_seed(0)
+        paths[name] = cls(lists, SemanticTextEmbedding(STEEncoder(len(lists.vocab), encoding_size=300), embedding_lr=1e-2))
+    print(f"\nSTE fit per epoch: {len(rows)} anchors, batch 800 -> {per_epoch} steps; {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    wall, cpu = {k: [] for k in paths}, {k: [] for k in paths}
+    for s in range(steps + 1):  # interleaved, the first step of each (allocator, optimizer state) dropped
+        for name in (("old", "new") if s % 2 else ("new", "old")):
+            with _Clock() as c:
+                paths[name].step(order[(s * 800) % len(order):][:800])
+            if s:
+                wall[name].append(c.wall), cpu[name].append(c.cpu)
+    result = {}
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        for name, path in paths.items():
+            val_rows = np.sort(np.random.default_rng(0).choice(rows, path.val_anchors, replace=False))
+            with _Clock() as v:
+                path.validate(val_rows)
+            with _Clock() as k:
+                path.checkpoints(tmp)
+            size = sum(os.path.getsize(f"{tmp}/{f}") for f in ("best.ckpt", "last.ckpt")) / 1e9
+            step_wall, step_cpu = float(np.median(wall[name])), float(np.median(cpu[name]))
+            result[name] = (per_epoch * step_wall + v.wall + k.wall, per_epoch * step_cpu + v.cpu + k.cpu)
+            print(f"  {name}: step {step_wall:.3f} s ({step_cpu:.3f} cpu s), validation {v.wall:.2f} s "
+                  f"({path.val_anchors} anchors), checkpoints {k.wall:.2f} s ({size:.2f} GB) -> "
+                  f"{result[name][0]:.1f} s/epoch ({result[name][1]:.1f} cpu s), {epochs} epochs {epochs * result[name][0] / 60:.1f} min")
+    print(f"  old / new per epoch: x{result['old'][0] / result['new'][0]:.2f} wall, x{result['old'][1] / result['new'][1]:.2f} cpu "
+          f"(the fit adds start-up, ~15 s, and the export, ~7 s, to both)")
+    return result
+
+
 def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k: int = 10, repeats: int = 5):
     """Median latency of a batch of ``n_queries`` top-k queries per backend, build time, and the
     approximate backends' recall@k against the exact torch result."""
@@ -117,6 +252,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--lists", default="data/semclip/similarity_lists_wordnet.npz")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--epoch-steps", type=int, default=8, help="interleaved training steps of each STE path")
     p.add_argument("--skip-wup", action="store_true")
     p.add_argument("--only-index", action="store_true", help="run only the SemCLIP index benchmark")
     p.add_argument("--index-sizes", nargs="+", type=int, default=[10_000, 100_000])
@@ -126,4 +262,5 @@ if __name__ == "__main__":
         if not a.skip_wup:
             bench_wup()
         bench_ste(a.lists, a.steps)
+        bench_ste_epoch(a.lists, a.epoch_steps)
     bench_index(a.index_sizes)

@@ -240,3 +240,20 @@ def test_linear_relu_equals_nn_linear_relu():
     assert linear_relu(torch.randn(2, 3, 12), layer).shape == (2, 3, 9)
     xd = x.double().requires_grad_()
     assert torch.autograd.gradcheck(lambda t: linear_relu(t, layer.double()), (xd[:4],))
+
+
+def test_checkpoint_vocabulary_old_and_new_layout():
+    from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
+
+    module = SemanticTextEmbedding(STEEncoder(3, encoding_size=4))
+    module.vocab = ["a.n.01.a", "b.n.01.b_c", "c.n.02.H._pylori"]
+    ckpt = {}
+    module.on_save_checkpoint(ckpt)
+    assert isinstance(ckpt["ste_vocab"], str)
+    fresh = SemanticTextEmbedding(STEEncoder(3, encoding_size=4))
+    fresh.on_load_checkpoint(ckpt)
+    assert fresh.vocab == module.vocab
+    fresh.on_load_checkpoint({"ste_vocab": list(module.vocab)})  # a checkpoint written before
+    assert fresh.vocab == module.vocab
+    fresh.on_load_checkpoint({})
+    assert fresh.vocab is None

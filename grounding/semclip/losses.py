@@ -131,7 +131,7 @@ class _LinearReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
-        grad = grad.masked_fill(y <= 0, 0.0)  # ReLU' (0 at 0, as torch's)
+        grad = torch.ops.aten.threshold_backward(grad, y, 0)  # ReLU': grad where y > 0, else 0 (torch's own)
         grad_x = mm_nt(grad, weight.T) if ctx.needs_input_grad[0] else None
         grad_w = mm_nt(grad.T, x.T) if ctx.needs_input_grad[1] else None
         grad_b = grad.sum(0) if ctx.needs_input_grad[2] else None
