@@ -543,6 +543,9 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
         queries = _subset(queries, np.sort(np.random.default_rng(seed).choice(len(queries.words), sample, replace=False)))
     protocol = (f"a seeded sample of {len(queries.words)} queries (seed {seed})" if sample is not None and
                 len(queries.words) < len(in_vocab) else f"all {len(queries.words)} queries")
+    protocol_text = (f"the full protocol, all {all_queries:,} WordNet 3.0 queries" if len(queries.words) == all_queries
+                     else f"{protocol.replace('queries', f'of the {all_queries:,} WordNet 3.0 queries', 1)}"
+                     + ("" if len(in_vocab) == all_queries else f" ({len(in_vocab):,} in the STE's vocabulary)"))
     timings = {}
     coverage = [{"embedding": "STE", **ste_synonym_coverage(emb, queries, chunk=chunk)}]
     timings["ste_coverage_s"] = round(time.perf_counter() - t0, 1)
@@ -581,7 +584,7 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
         timings["cap_statistics_s"] = round(time.perf_counter() - t, 1)
 
     out = Path(out)
-    readme = report_markdown(ste, emb, coverage, ws_rows, protocol=protocol, all_queries=all_queries,
+    readme = report_markdown(ste, emb, coverage, ws_rows, protocol=protocol_text, all_queries=all_queries,
                              subset_notes=subset_notes, cap=cap)
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -665,8 +668,8 @@ def report_markdown(ste, emb: STEEmbedding, coverage: list[dict], ws_rows: list[
                "paper pairs", "paper WordNet filtered", "paper STE", "paper STE (similar subset)"]
     lines = ["# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
              "## Synonym coverage (Table 1)\n",
-             f"Protocol: {protocol} of the {all_queries} WordNet 3.0 queries: every written noun form (lower case) "
-             "with exactly one noun synset whose synset has another written form (its synonyms). Covered = a synonym "
+             f"Protocol: {protocol}. A query is a written noun form (lower case) "
+             "with exactly one noun synset, that synset having another written form (its synonyms). Covered = a synonym "
              "among the query's 10 nearest distinct written forms (cosine, the query excluded); an STE's neighbours "
              "are its lemma items, a text encoder's every WordNet noun form (embedded once). "
              "The paper counts 71,895 queries (\"70,000 single sense nouns\") without a definition that gives that "
