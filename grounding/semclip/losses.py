@@ -64,6 +64,7 @@ class _ListContrastive(torch.autograd.Function):
     (p = the softmax over a ≠ i), written straight into one B x C buffer; no dense Y, no log-probabilities."""
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # bf16-mixed on a GPU: float32 here
     def forward(ctx, anchor_z, candidate_z, anchor_position, member_owner, member_position, member_weight,
                 temperature, reduction):
         rows = torch.arange(len(anchor_z), device=anchor_z.device)
@@ -86,6 +87,7 @@ class _ListContrastive(torch.autograd.Function):
         return per_anchor
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
         anchor_z, candidate_z, p, y_total, owner, position, weight = ctx.saved_tensors
         n = len(anchor_z)
@@ -123,12 +125,14 @@ class _LinearReLU(torch.autograd.Function):
     """ReLU(x Wᵀ + b) with every GEMM through :func:`mm_nt` (the STE's encoder and projection layers)."""
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # bf16-mixed on a GPU: float32 here
     def forward(ctx, x, weight, bias):
         y = mm_nt(x, weight, bias, relu=True)
         ctx.save_for_backward(x, weight, y)
         return y
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
         grad = torch.ops.aten.threshold_backward(grad, y, 0)  # ReLU': grad where y > 0, else 0 (torch's own)
