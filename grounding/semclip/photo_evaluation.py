@@ -412,7 +412,9 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
               f"caption nouns, {results['n_nouns_with_synonyms']} with WordNet synonyms; {results['n_queries']} queries "
               f"(\"{PROMPT} a <noun>\" for each noun and up to {MAX_VARIANTS} synonym variants), {results['n_pairs']} "
               f"(noun, synonym) pairs. SemCLIP's text bank: {results['bank_captions']} alignment captions + "
-              f"{results['bank_words']} query words.", "",
+              f"{results['bank_words']} query words. Nothing was tuned on these photos: the prompt, the ≤ "
+              f"{MAX_VARIANTS} variants, the k's, the bank and the bootstrap follow the paper and the world report "
+              "(`--split dev` runs the same on the dev photos, the split for any choice).", "",
               f"Each cell: mean [{100 * b['confidence']:.0f} % {b['method']} bootstrap interval, {b['n_resamples']} "
               f"resamples of the queries, seed {b['seed']}]. Δ: system − {systems[0]}, paired (the same resamples); "
               "* = the interval excludes 0.", "",
