@@ -139,7 +139,8 @@ def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask
         heads = att.num_attention_heads
         q, k, v = (padded(proj(x)).view(b, t, heads, -1).transpose(1, 2) for proj in (att.query, att.key, att.value))
         context = nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, dropout_p=att.dropout.p if att.training else 0.0, scale=att.scaling)
+            q, k, v, attn_mask=key_mask, dropout_p=att.dropout.p if att.training else 0.0,
+            scale=getattr(att, "scaling", None))  # None: 1/sqrt(dh), BERT's (older transformers have no .scaling)
         context = context.transpose(1, 2).reshape(b * t, -1).index_select(0, real)
         x = layer.attention.output(context, x)
         x = layer.output(layer.intermediate(x), x)

@@ -637,7 +637,11 @@ def run_main(argv: list[str]) -> int:
         result["semantic_space"] = {"report": str(folder / REPORT_FOLDER), "source_config": plan.report,
                                     "reference": {"name": reference, **numbers[reference]},
                                     "run": {"name": model, **numbers[model]}}
-    result["learnable_parameters"] = None if checkpoint is None else learnable_parameters(checkpoint)
+    count = None if checkpoint is None else learnable_parameters(checkpoint)
+    last = folder / "checkpoints" / "last.ckpt"
+    if count is None and last.is_file():  # a weights-only best checkpoint (the STE's) keeps no optimizer state
+        count = learnable_parameters(last)
+    result["learnable_parameters"] = count
     seconds["total"] = round(time.perf_counter() - t_start, 1)
     result["seconds"] = seconds
     atomic_write_json(folder / RESULT_FILE, result, indent=2)

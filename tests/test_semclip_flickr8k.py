@@ -186,12 +186,27 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
 
     root = photo_inputs["root"]
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    captions = tmp_path / "bank.txt"
-    captions.write_text("\n".join(photo_inputs["pairs"]["captions"]) + "\n")
-    path = save_transform(photo_inputs["transform"], tmp_path / "transform.pt", vlm=photo_inputs["vlm"].spec,
-                          ste=str(root / "ste"), captions=str(captions), lexical_variants=False, val_fraction=0.3)
-    main(["evaluate", "--transform", str(path), "--photos", str(root), "--photo-captions", "tokens.txt",
-          "--split", "test", "--bootstrap", "30", "--out", str(tmp_path / "out")])
+    # Γ_t's captions belong to other (training) images, named by caption_images, as align_flickr8k.yaml does
+    captions, train_list = tmp_path / "bank.txt", tmp_path / "train.txt"
+    bank = photo_inputs["pairs"]["captions"]
+    captions.write_text("".join(f"train_{i}.jpg#0\t{c}\n" for i, c in enumerate(bank)))
+    train_list.write_text("".join(f"train_{i}.jpg\n" for i in range(len(bank))))
+
+    def evaluate(name, **provenance):
+        path = save_transform(photo_inputs["transform"], tmp_path / name, vlm=photo_inputs["vlm"].spec,
+                              ste=str(root / "ste"), captions=str(captions), lexical_variants=False, val_fraction=0.3,
+                              **provenance)
+        main(["evaluate", "--transform", str(path), "--photos", str(root), "--photo-captions", "tokens.txt",
+              "--split", "test", "--bootstrap", "30", "--out", str(tmp_path / "out")])
+
+    # refused, exit 2, when Γ_t's captions are not restricted to other images, or include an evaluated photo's
+    leaky = tmp_path / "train_and_test.txt"
+    leaky.write_text(train_list.read_text() + (root / "Flickr_8k.testImages.txt").read_text().splitlines()[0] + "\n")
+    for name, provenance in (("open.pt", {}), ("leak.pt", {"caption_images": str(leaky)})):
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate(name, **provenance)
+        assert exit_info.value.code == 2 and "caption_images" in capsys.readouterr().err
+    evaluate("transform.pt", caption_images=str(train_list))
     assert "Table 4" in capsys.readouterr().out
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["split"] == "test" and results["ks"] == [1, 5, 10] and results["bootstrap"]["n_resamples"] == 30

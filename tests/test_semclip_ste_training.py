@@ -160,7 +160,7 @@ def test_row_sparse_adam_equals_sparse_adam():
     embeddings[1].load_state_dict(embeddings[0].state_dict())
     opts = [torch.optim.SparseAdam(embeddings[0].parameters(), lr=0.05),
             RowSparseAdam(embeddings[1].parameters(), lr=0.05)]
-    for step in range(6):
+    for _step in range(6):
         ids = torch.randint(0, 50, (30,))  # repeated ids: the autograd gradient is uncoalesced
         target = torch.randn(30, 6)
         for emb, opt in zip(embeddings, opts):

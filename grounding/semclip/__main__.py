@@ -122,9 +122,21 @@ def _evaluate(args):
 def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_args, provenance):
     """Tables 3–4 on a photo split (grounding.semclip.photo_evaluation), with bootstrap intervals."""
     root = Path(args.photos)
-    at_root = lambda name: Path(name) if Path(name).is_absolute() or Path(name).exists() else root / name  # noqa: E731
+    at_root = lambda name: root / name if (root / name).exists() else Path(name)  # noqa: E731 - --photos first
     image_list = at_root(args.image_list or f"Flickr_8k.{args.split}Images.txt")
     split = read_photo_split(at_root(args.photo_captions), image_list, root / "images", name=args.split)
+    # Γ_t's pairs and the store's caption bank come from data.init_args.captions: the evaluated photos' captions
+    # must not be among them (Eq. 7 would find a photo's own caption).
+    listed = dm_args.get("caption_images")
+    if not listed:
+        raise UsageError("evaluate --photos: the config's data.init_args.caption_images is empty, so Γ_t and the caption "
+                         "bank use every caption, the evaluated photos' too; set it to the training images' list "
+                         "(e.g. Flickr_8k.trainImages.txt).")
+    training = {line.strip() for line in Path(listed).read_text().splitlines() if line.strip()}
+    leaked = sorted(p.name for p in split.paths if p.name in training)
+    if leaked:
+        raise UsageError(f"evaluate --photos: {len(leaked)} evaluated photos (e.g. {leaked[0]}) are in {listed}, whose "
+                         f"captions trained Γ_t and fill the bank; evaluate another split or change caption_images.")
     lexical = None
     if dm_args.get("lexical_variants", True):  # as Γ_t's targets were built
         lexical = lazy(lambda: minilm_lexical_variants(ste, min_similarity=dm_args.get("lexical_min_similarity", -1.0)))

@@ -240,7 +240,7 @@ class CaptionTargets:
         self.ste, self.wn, self.lexical = ste, wn, lexical
         self.synsets = frozenset(k[:m.end("sense")] for k in ste.keys if (m := LEMMA_KEY.match(k)))
 
-    def _doc_keys(self, doc) -> tuple[list[str], list[str]]:
+    def doc_keys(self, doc) -> tuple[list[str], list[str]]:
         """(STE keys of the text's nouns, its nouns outside the STE)."""
         context = content_words(doc)
         keys, oov = [], []
@@ -259,11 +259,11 @@ class CaptionTargets:
         return [keys + [mapped[n] for n in oov if mapped.get(n) in self.ste.index] for keys, oov in per_text]
 
     def keys(self, caption: str) -> list[str]:
-        return self._with_variants([self._doc_keys(pos_tagger()(caption))])[0]
+        return self._with_variants([self.doc_keys(pos_tagger()(caption))])[0]
 
     def __call__(self, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(targets (N, d_ste), kept (N,) bool): captions without any STE noun are dropped."""
-        per_text = [self._doc_keys(doc) for doc in pos_tagger().pipe(list(captions), batch_size=256)]
+        per_text = [self.doc_keys(doc) for doc in pos_tagger().pipe(list(captions), batch_size=256)]
         vecs, kept = [], []
         for keys in self._with_variants(per_text):
             rows = [self.ste.index[k] for k in keys]

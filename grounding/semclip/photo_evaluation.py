@@ -276,7 +276,7 @@ def _diagnostics(vlm, transform, ste, targets, queries, texts, query_vlm, ste_qu
     out: dict = {}
     # STE coverage: the queries' and the captions' nouns with an STE item, through a lexical variant, or neither
     docs = list(pos_tagger().pipe(texts, batch_size=256))
-    per_query = [targets._doc_keys(doc) for doc in docs]
+    per_query = [targets.doc_keys(doc) for doc in docs]
     oov = sorted({n for keys, o in per_query if not keys for n in o})
     mapped = dict(zip(oov, targets.lexical(oov))) if oov and targets.lexical is not None else {}
     status = ["ste" if keys else "lexical" if any(mapped.get(n) in ste.index for n in o) else "none" if o else "no noun"
@@ -285,7 +285,7 @@ def _diagnostics(vlm, transform, ste, targets, queries, texts, query_vlm, ste_qu
     out["query_coverage"] = {"queries": dict(Counter(status)), "nouns": dict(Counter(canonical)),
                              "nouns_not_in_ste": [q.word for s, q in zip(status, queries) if q.canonical and s != "ste"]}
     caption_docs = list(pos_tagger().pipe(list(captions), batch_size=256))
-    tokens = [targets._doc_keys(doc) for doc in caption_docs]
+    tokens = [targets.doc_keys(doc) for doc in caption_docs]
     out["caption_noun_coverage"] = {"in_ste": sum(len(k) for k, _ in tokens), "outside_ste": sum(len(o) for _, o in tokens),
                                     "captions_without_ste_noun": int((~kept).sum()), "captions": len(captions)}
     # Γ_t (Eq. 8): recovery error on the alignment pairs (train / held-out) and on this split's captions
