@@ -347,7 +347,8 @@ semclip-flickr8k: install  ## SemCLIP on Flickr8k photos: Γ_t from the Flickr8k
 
 demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's baseline, plus the STE's Table 1/2 report
 	$(MAKE) --no-print-directory semclip
-	$(PY) -m grounding.semclip report --ste $(SEMCLIP_STE_OUT)/embedding --out reports/semclip/$(notdir $(SEMCLIP_STE_OUT)) --encoders
+	$(PY) -m grounding.semclip report --ste $(SEMCLIP_STE_OUT)/embedding --out reports/semclip/$(notdir $(SEMCLIP_STE_OUT)) --encoders \
+	  --cap-statistics false
 
 clean:  ## remove generated data, outputs and caches (keeps .venv)
 	rm -rf data/world outputs reports .cache

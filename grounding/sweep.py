@@ -463,6 +463,8 @@ def ste_report_numbers(folder: str | os.PathLike) -> dict:
     out: dict = {"report": str(folder), "coverage": {}, "word_similarity": {}}
     meta = _read_json(folder / "meta.json") or {}
     out["protocol"] = meta.get("protocol")
+    if meta.get("paper"):  # the paper's STE columns, as the report recorded them
+        out["paper"] = meta["paper"]
     for row in _read_csv(folder / "synonym_coverage.csv"):
         if row.get("embedding") == "STE":
             out["coverage"] = {k: _float(row.get(k)) for k in ("queries", "queries_in_vocabulary", "synonyms_in_top10",
@@ -817,12 +819,13 @@ def ste_table(results: list[dict]) -> Table:
     Spearman on the WordNet-filtered pairs of each benchmark (the paper's STE column; ``-N``: SimLex-999's 666 noun
     pairs, the paper's EN-SIMLEX), their mean over the benchmarks the paper reports, and the Table 1 coverage.
     Runs are sorted by that mean (best first)."""
-    from grounding.semclip.evaluation import PAPER_TABLE1, PAPER_TABLE2  # torch & co.: only for this table
-
     runs = [r for r in results if r.get("ste_report")]
+    # the paper's numbers as the runs' reports recorded them (grounding.semclip is a higher layer than this module)
+    paper = next((r["ste_report"]["paper"] for r in runs if r["ste_report"].get("paper")), None) or {}
+    paper_table2 = paper.get("table2") or {}
     found = list(dict.fromkeys(d for r in runs for d in (r["ste_report"].get("word_similarity") or {})))
-    datasets = [d for d in STE_DATASETS if d in found or d in PAPER_TABLE2] + [d for d in found if d not in STE_DATASETS]
-    paper_sets = [d for d in datasets if d in PAPER_TABLE2]
+    datasets = [d for d in STE_DATASETS if d in found or d in paper_table2] + [d for d in found if d not in STE_DATASETS]
+    paper_sets = [d for d in datasets if d in paper_table2]
 
     def mean(values: dict) -> float | None:
         got = [values.get(d) for d in paper_sets]
@@ -843,8 +846,10 @@ def ste_table(results: list[dict]) -> Table:
     rows.sort(key=lambda row: (row[0] is None, -(row[0] or 0.0), row[1]))
     for m, label, coverage, values in rows:
         t.add(label, [[coverage], [m], *[[values[d]] for d in datasets]])
-    for column, label, cover in ((3, "paper: STE", PAPER_TABLE1["STE"][2]), (4, "paper: STE (similar subset)", None)):
-        values = {d: PAPER_TABLE2[d][column] if d in PAPER_TABLE2 else None for d in datasets}
+    for column, label, cover in ((0, "paper: STE", paper.get("table1_coverage")), (1, "paper: STE (similar subset)", None)):
+        if not paper_table2:
+            break
+        values = {d: paper_table2[d][column] if d in paper_table2 else None for d in datasets}
         t.add(label, [[cover], [mean(values)], *[[values[d]] for d in datasets]])
     return t
 

@@ -109,7 +109,11 @@ def _ste_result(folder, params, coverage, spearman):
     run = sw.run_name(params)
     (folder / run).mkdir(parents=True)
     ws = {d: {"spearman_wordnet": v, "spearman_full": v} for d, v in spearman.items()}
-    result = {"run": run, "params": params, "ste_report": {"coverage": {"coverage": coverage}, "word_similarity": ws}}
+    from grounding.semclip.evaluation import PAPER_TABLE1, PAPER_TABLE2
+
+    paper = {"table1_coverage": PAPER_TABLE1["STE"][2], "table2": {d: [v[3], v[4]] for d, v in PAPER_TABLE2.items()}}
+    result = {"run": run, "params": params,
+              "ste_report": {"coverage": {"coverage": coverage}, "word_similarity": ws, "paper": paper}}
     (folder / run / sw.RESULT_FILE).write_text(json.dumps(result))
 
 
