@@ -141,7 +141,7 @@ class LanguageStream(nn.Module):
         encoder: an already built BERT (tests, or reuse); overrides ``text_encoder``.
         packed_tokens: run BERT's token-wise steps on the real tokens only
             (:func:`grounding.encoders.packed_bert_forward`; same values). Measured (benchmarks/bench_text_stream.py,
-            Flickr8k caption lengths, about half padding): fp32 fwd+bwd 1.6x faster on a CPU, 1.35-1.74x on an H100,
+            Flickr8k caption lengths, about half padding): fp32 fwd+bwd 1.7x faster on a CPU, 1.35-1.74x on an H100,
             but 0.71-0.88x under bf16 autocast on the H100, where the step is launch-bound. ``"auto"`` (the paper
             configs) packs unless autocast to a lower precision is on. False by default so recorded runs replay
             their dropout draws.
