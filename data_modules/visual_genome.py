@@ -284,25 +284,25 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
         return local
 
     unknown = 0
-    path = files["objects"]
-    for i, entry in enumerate(_entries(path, "objects")):
-        image_id = _image_id(entry, f"[{i}]", path)
-        if image_id not in urls:
-            unknown += 1
-            continue
-        image = per_image.get(image_id) or per_image.setdefault(image_id, new_image())
-        for j, obj in enumerate(entry["objects"]):
+
+    def annotated_images(name: str):
+        """(entry index, file, image rows, the entry's annotations) of each entry of ``name``.json whose image is known."""
+        nonlocal unknown
+        path = files[name]
+        for i, entry in enumerate(_entries(path, name)):
+            image_id = _image_id(entry, f"[{i}]", path)
+            if image_id not in urls:
+                unknown += 1
+                continue
+            yield i, path, per_image.get(image_id) or per_image.setdefault(image_id, new_image()), entry[name]
+
+    for i, path, image, objects in annotated_images("objects"):
+        for j, obj in enumerate(objects):
             expect_keys(obj, ["object_id"], f"[{i}].objects[{j}]", path, "Visual Genome", VG_LAYOUT, VG_HINT)
             add_object(image, obj)
 
-    path = files["relationships"]
-    for i, entry in enumerate(_entries(path, "relationships")):
-        image_id = _image_id(entry, f"[{i}]", path)
-        if image_id not in urls:
-            unknown += 1
-            continue
-        image = per_image.get(image_id) or per_image.setdefault(image_id, new_image())
-        for j, rel in enumerate(entry["relationships"]):
+    for i, path, image, relationships in annotated_images("relationships"):
+        for j, rel in enumerate(relationships):
             where = f"[{i}].relationships[{j}]"
             expect_keys(rel, ["predicate", "subject", "object"], where, path, "Visual Genome", VG_LAYOUT, VG_HINT)
             expect_keys(rel["subject"], ["object_id"], where + ".subject", path, "Visual Genome", VG_LAYOUT, VG_HINT)
