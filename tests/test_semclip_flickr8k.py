@@ -173,10 +173,49 @@ def test_photo_evaluation_and_report(photo_inputs, tmp_path):
         assert text in md
     rows = list(csv.DictReader(open(out / "stability.csv")))
     assert len(rows) == 2 * (len(systems) + len(results["reference_systems"]))
-    assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6 * (len(systems) + 2)
+    n_reference = len(results["reference_systems"])
+    assert n_reference == 3 and d["gamma_t_cost"]["system"] == "SemCLIP (STE query)"
+    assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6 * (len(systems) + n_reference)
     diffs = list(csv.DictReader(open(out / "differences.csv")))
-    assert {r["minus"] for r in diffs} == {"VLM"} and len(diffs) == 8 * (len(systems) - 1 + 2)
+    assert {r["minus"] for r in diffs} == {"VLM"} and len(diffs) == 8 * (len(systems) - 1 + n_reference)
+    assert "Γ_t or the nearest text?" in md
     assert json.loads((out / "results.json").read_text())["provenance"] == {"vlm": "tiny"}
+
+
+class _LookupTransform(torch.nn.Module):
+    """A perfect Γ_t on a bank: each input row gets the exact target of its nearest bank row (cosine)."""
+
+    def __init__(self, keys: torch.Tensor, targets: torch.Tensor):
+        super().__init__()
+        self.keys, self.targets = torch.nn.functional.normalize(keys.float(), dim=-1), targets.float()
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, targets.shape[1]))  # out_features, as AlignmentTransform's
+
+    def forward(self, x):
+        return self.targets[(torch.nn.functional.normalize(x.float(), dim=-1) @ self.keys.T).argmax(-1)]
+
+
+def test_exact_target_reference_is_a_perfect_transform(photo_inputs):
+    """The "Eq. 7 with exact targets" reference is SemCLIP (STE query) with a Γ_t that returns each bank text's own
+    target: with such a Γ_t the two rank identically and Γ_t's measured cost is exactly 0."""
+    from grounding.semclip.alignment import CaptionTargets
+    from grounding.semclip.photo_evaluation import EXACT_TARGETS, evaluate_photos, read_photo_split
+
+    root, pairs, vlm, ste = photo_inputs["root"], photo_inputs["pairs"], photo_inputs["vlm"], photo_inputs["ste"]
+    split = read_photo_split(root / "tokens.txt", root / "Flickr_8k.testImages.txt", root / "images", name="test")
+    args = dict(pairs=pairs, train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1, 5), n_resamples=50)
+    trained = evaluate_photos(vlm, photo_inputs["transform"], ste, split, **args)
+    # the bank: the pairs' captions, then the query words (their targets from the same CaptionTargets)
+    words = list(dict.fromkeys(w for g in trained["groups"] for w in [g["noun"], *g["variants"]]))
+    word_targets, kept = CaptionTargets(ste)(words)
+    full = torch.zeros(len(words), pairs["targets"].shape[1])
+    full[kept] = word_targets
+    lookup = _LookupTransform(torch.cat([pairs["vlm_text"], vlm.encode_text(words)]), torch.cat([pairs["targets"], full]))
+    perfect = evaluate_photos(vlm, lookup, ste, split, **args)
+    for metric, row in perfect["table"].items():
+        assert row["SemCLIP (STE query)"]["mean"] == pytest.approx(row[EXACT_TARGETS]["mean"], abs=1e-12), metric
+    cost = perfect["diagnostics"]["gamma_t_cost"]
+    assert cost["diff"] == pytest.approx(0.0, abs=1e-12) and cost["diff_low"] == pytest.approx(0.0, abs=1e-12)
+    assert EXACT_TARGETS in trained["reference_systems"] and trained["diagnostics"]["gamma_t_cost"] is not None
 
 
 def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys):
