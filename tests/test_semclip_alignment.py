@@ -28,6 +28,14 @@ def test_eq7_image_takes_the_transform_of_its_nearest_text():
     projected, nearest = semclip_project_images(images, text_vlm, text_semclip)
     assert nearest.tolist() == [1, 0, 2]
     assert torch.equal(projected, text_semclip[[1, 0, 2]])
+    # the k-nearest ablation: the mean of Γ_t of the 2 nearest texts (cosines worked out by hand: 1 then 2; 0 then 1;
+    # 2 then 1), the nearest still reported first
+    projected, nearest = semclip_project_images(images, text_vlm, text_semclip, neighbours=2)
+    assert nearest.tolist() == [1, 0, 2]
+    expected = torch.stack([text_semclip[[1, 2]].mean(0), text_semclip[[0, 1]].mean(0), text_semclip[[2, 1]].mean(0)])
+    assert torch.allclose(projected, expected)
+    with pytest.raises(ValueError, match="image_neighbours"):
+        semclip_project_images(images, text_vlm, text_semclip, neighbours=4)
 
 
 def test_eq8_shapes_and_fit_recovers_targets():

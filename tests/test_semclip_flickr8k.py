@@ -215,6 +215,11 @@ def test_exact_target_reference_is_a_perfect_transform(photo_inputs):
         assert row["SemCLIP (STE query)"]["mean"] == pytest.approx(row[EXACT_TARGETS]["mean"], abs=1e-12), metric
     cost = perfect["diagnostics"]["gamma_t_cost"]
     assert cost["diff"] == pytest.approx(0.0, abs=1e-12) and cost["diff_low"] == pytest.approx(0.0, abs=1e-12)
+    # the k-nearest ablation: the reference averages the same k nearest texts' targets as the store
+    three = evaluate_photos(vlm, lookup, ste, split, image_neighbours=3, **args)
+    assert three["image_neighbours"] == 3
+    for metric, row in three["table"].items():
+        assert row["SemCLIP (STE query)"]["mean"] == pytest.approx(row[EXACT_TARGETS]["mean"], abs=1e-12), metric
     assert EXACT_TARGETS in trained["reference_systems"] and trained["diagnostics"]["gamma_t_cost"] is not None
 
 

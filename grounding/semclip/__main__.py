@@ -114,7 +114,7 @@ def _evaluate(args):
         bank = [c for c in read_captions(args.bank_captions) if c not in known]
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                              bank_captions=bank, splits=args.splits, ks=args.ks or [1, 5, 10, 50],
-                             query_modes=args.query_modes)
+                             query_modes=args.query_modes, image_neighbours=args.image_neighbours)
     out = write_world_report(results, args.out, provenance={**provenance, "bank_captions": args.bank_captions})
     print((Path(out) / "README.md").read_text())
 
@@ -142,10 +142,12 @@ def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_ar
         lexical = lazy(lambda: minilm_lexical_variants(ste, min_similarity=dm_args.get("lexical_min_similarity", -1.0)))
     results = evaluate_photos(vlm, transform, ste, split, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                               ks=args.ks or [1, 5, 10], query_modes=args.query_modes, lexical=lexical,
-                              n_resamples=args.bootstrap, confidence=args.confidence, seed=args.seed)
+                              n_resamples=args.bootstrap, confidence=args.confidence, seed=args.seed,
+                              image_neighbours=args.image_neighbours)
     out = write_photo_report(results, args.out, title=args.title or f"SemCLIP on {root.name} ({args.split} photos)",
                              provenance={**provenance, "photos": str(root), "photo_captions": str(at_root(args.photo_captions)),
-                                         "image_list": str(image_list)})
+                                         "image_list": str(image_list),
+                                         "image_neighbours": args.image_neighbours})
     print((Path(out) / "report.md").read_text())
 
 
@@ -228,6 +230,9 @@ def build_parser() -> ArgumentParser:
     v.add_argument("--ks", type=int, nargs="+", default=None,
                    help="overlap@k cut-offs (default: 1 5 10 50 on the world, 1 5 10 on photos)")
     v.add_argument("--query-modes", type=str, nargs="+", default=["ste", "transform"], choices=["ste", "transform"])
+    v.add_argument("--image-neighbours", type=int, default=1,
+                   help="Eq. 7: each image is Γ_t of its nearest bank text (1, the paper's); k > 1, an ablation: the mean "
+                        "of Γ_t of its k nearest")
     v.add_argument("--out", type=str, required=True)
     h = _subcommand(sub, "hard-negative-embeddings", "embed image folders with a VLM for COMPOSER's hard-negative pool "
                                                      "(data.init_args.hard_negative_embeddings)")

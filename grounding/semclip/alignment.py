@@ -297,14 +297,23 @@ def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_si
 # Eq. 7 and retrieval
 # ------------------------------------------------------------------------------------------
 @torch.no_grad()
-def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor,
-                           text_semclip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def nearest_texts(image_vlm: torch.Tensor, text_vlm: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """(N, k) indices of each image's k nearest texts by cosine in the VLM space, nearest first."""
+    if not 1 <= k <= len(text_vlm):
+        raise ValueError(f"image_neighbours must lie in [1, {len(text_vlm)}] (the bank's texts); got {k}")
+    sim = F.normalize(image_vlm, dim=-1) @ F.normalize(text_vlm, dim=-1).T
+    return sim.argmax(dim=-1, keepdim=True) if k == 1 else sim.topk(k, dim=-1).indices
+
+
+def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor, text_semclip: torch.Tensor,
+                           neighbours: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 7: Γ_i(C_i) = Γ_t(C_{t_i}) with t_i = argmin_t' cosine distance(C_i, C_t').
 
-    ``text_semclip`` holds Γ_t of every text (rows aligned with ``text_vlm``). Returns the images'
-    SemCLIP vectors and the index of each image's nearest text."""
-    nearest = (F.normalize(image_vlm, dim=-1) @ F.normalize(text_vlm, dim=-1).T).argmax(dim=-1)
-    return text_semclip[nearest], nearest
+    ``text_semclip`` holds Γ_t of every text (rows aligned with ``text_vlm``). ``neighbours`` k > 1 (not the
+    paper's: an ablation) averages Γ_t of the image's k nearest texts instead. Returns the images' SemCLIP vectors
+    and the index of each image's nearest text."""
+    near = nearest_texts(image_vlm, text_vlm, neighbours)
+    return text_semclip[near].mean(1), near[:, 0]
 
 
 class SemanticIndex:

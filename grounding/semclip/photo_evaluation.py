@@ -38,7 +38,15 @@ from data_modules.common import MissingDataError
 from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.composer.captions import read_captions as read_caption_set
 from grounding.lexicon import wordnet
-from grounding.semclip.alignment import CaptionTargets, caption_nouns, content_words, disambiguate, pos_tagger, recovery_error
+from grounding.semclip.alignment import (
+    CaptionTargets,
+    caption_nouns,
+    content_words,
+    disambiguate,
+    nearest_texts,
+    pos_tagger,
+    recovery_error,
+)
 from grounding.semclip.stability import (
     PROMPT,
     NounQuery,
@@ -215,12 +223,14 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
                     train_idx: torch.Tensor | None = None, val_idx: torch.Tensor | None = None,
                     ks: Sequence[int] = (1, 5, 10), query_modes: Sequence[str] = ("ste", "transform"),
                     lexical: Callable | None = None, prompt: str = PROMPT, max_variants: int = MAX_VARIANTS,
-                    n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0, wn=None) -> dict:
+                    n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0, wn=None,
+                    image_neighbours: int = 1) -> dict:
     """Tables 3–4 on a photo split for the base VLM and SemCLIP (each query mode), with bootstrap intervals and the
     diagnostics of the module docstring. ``pairs``: the alignment pairs cache, whose captions (with their cached VLM
     embeddings) and the queries' words form the store's text bank (§4 "Using SemCLIP for content stores": the
     captions tagging images plus a base noun vocabulary); ``train_idx`` / ``val_idx``: its split (recovery error);
-    ``lexical``: the lexical-variant lookup of nouns outside the STE (§4)."""
+    ``lexical``: the lexical-variant lookup of nouns outside the STE (§4); ``image_neighbours``: 1 is Eq. 7, k > 1 an
+    ablation (each photo the mean of Γ_t of its k nearest bank texts; the exact-target reference does the same)."""
     t0 = time.perf_counter()
     wn = wn or wordnet()
     captions = [c for cs in split.captions for c in cs]
@@ -238,7 +248,7 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
     bank_vlm = torch.cat(([pairs["vlm_text"].float()] if pairs is not None else []) + [vlm.encode_text(words)])
     targets = CaptionTargets(ste, wn, lexical=lexical)
     systems = system_scores(vlm, transform, ste, image_vlm, texts, query_vlm, bank_texts, bank_vlm, query_modes,
-                            targets=targets, ids=[p.name for p in split.paths])
+                            targets=targets, ids=[p.name for p in split.paths], image_neighbours=image_neighbours)
 
     # reference systems for the diagnosis (not SemCLIP): the image side replaced
     ste_store = SemCLIPStore(vlm, transform, ste, query_mode="ste", targets=targets)
@@ -255,7 +265,8 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
             bank_targets = torch.zeros(len(bank_texts), cap_targets.shape[1])
             bank_targets[:len(pairs["targets"])] = pairs["targets"].float()
             bank_targets[len(pairs["targets"]) + torch.nonzero(word_kept).squeeze(1)] = word_targets
-            reference[EXACT_TARGETS] = cosine(ste_query, bank_targets[nearest])
+            near = nearest_texts(image_vlm.float(), bank_vlm, image_neighbours)  # as the store's Eq. 7
+            reference[EXACT_TARGETS] = cosine(ste_query, bank_targets[near].mean(1))
 
     units = {name: _metric_units(s, queries, relevant, ks) for name, (s, _) in systems.items()}
     units |= {name: _metric_units(s, queries, relevant, ks) for name, s in reference.items()}
@@ -278,7 +289,7 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
     diagnostics["gamma_t_cost"] = gamma_cost
     return {"split": split.name, "n_images": len(split.paths), "n_captions": len(captions), "n_nouns": len(groups),
             "n_nouns_with_synonyms": sum(bool(g.variants) for g in groups), "n_queries": len(queries),
-            "n_pairs": len(pairs_idx), "ks": list(ks), "bank_size": len(bank_texts),
+            "n_pairs": len(pairs_idx), "ks": list(ks), "bank_size": len(bank_texts), "image_neighbours": image_neighbours,
             "bank_captions": len(bank_texts) - len(words), "bank_words": len(words), "systems": list(systems),
             "reference_systems": list(reference), "skipped": SKIPPED, "table": table, "pairs": per_pair,
             "bootstrap": {"n_resamples": n_resamples, "confidence": confidence, "seed": seed, "method": "percentile"},

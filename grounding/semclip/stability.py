@@ -197,14 +197,16 @@ def method_name(query_mode: str) -> str:
 @torch.no_grad()
 def system_scores(vlm, transform, ste, image_vlm: torch.Tensor, query_texts: Sequence[str], query_vlm: torch.Tensor,
                   bank_texts: Sequence[str], bank_vlm: torch.Tensor, query_modes: Sequence[str] = ("ste", "transform"),
-                  targets=None, ids: Sequence | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+                  targets=None, ids: Sequence | None = None, image_neighbours: int = 1,
+                  ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """(Q, N) query-image cosine scores of the base VLM and of SemCLIP for each query mode, with each SemCLIP
     image's nearest bank text (None for the VLM). SemCLIP is §4's content store: the bank texts in SemCLIP space by
     Γ_t, each image as Γ_t of its nearest bank text (Eq. 7), queries by the STE of their nouns or by Γ_t (the full
-    score matrix: exact). ``targets``: the CaptionTargets of the STE queries (e.g. with lexical variants)."""
+    score matrix: exact). ``targets``: the CaptionTargets of the STE queries (e.g. with lexical variants);
+    ``image_neighbours``: :class:`grounding.semclip.store.SemCLIPStore`'s."""
     out = {"VLM": (cosine(query_vlm, image_vlm), None)}
     for mode in query_modes:
-        store = SemCLIPStore(vlm, transform, ste, query_mode=mode, targets=targets)
+        store = SemCLIPStore(vlm, transform, ste, query_mode=mode, targets=targets, image_neighbours=image_neighbours)
         store.add_texts(bank_texts, bank_vlm)
         nearest = store.ingest(vlm_embeddings=image_vlm, ids=ids)
         out[method_name(mode)] = (store.scores(list(query_texts)), nearest)
@@ -216,7 +218,7 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
                    train_idx: torch.Tensor | None = None, val_idx: torch.Tensor | None = None,
                    bank_captions: Sequence[str] | None = None, splits: Sequence[str] = ("val", "test"),
                    ks: Sequence[int] = (1, 5, 10, 50), query_modes: Sequence[str] = ("ste", "transform"),
-                   prompt: str = PROMPT) -> dict:
+                   prompt: str = PROMPT, image_neighbours: int = 1) -> dict:
     """Every number of the SemCLIP world report (see the module docstring).
 
     ``pairs``: the alignment pairs cache (captions, vlm_text, targets) whose captions (with their
@@ -249,7 +251,7 @@ def evaluate_world(vlm, transform, ste, world: str | Path, pairs: dict | None = 
     bank_texts += words  # the base noun vocabulary of the world
     bank_vlm.append(vlm.encode_text(words))
     systems = system_scores(vlm, transform, ste, image_vlm, [q.text for q in queries], query_vlm, bank_texts,
-                            torch.cat(bank_vlm), query_modes, ids=[p.name for p in paths])
+                            torch.cat(bank_vlm), query_modes, ids=[p.name for p in paths], image_neighbours=image_neighbours)
     for name, (scores, nearest) in systems.items():
         results["methods"][name] = {"stability": stability(scores, queries, ks), **retrieval(scores, relevant),
                                     "pairs": per_pair(scores)}

@@ -27,17 +27,21 @@ class SemCLIPStore:
 
     Args: ``vlm`` (any :class:`grounding.semclip.alignment.VLM`), ``transform`` (Γ_t), ``ste`` (needed
     for ``query_mode="ste"``), ``backend`` ("torch" exact | "faiss"), ``targets`` (a prebuilt
-    CaptionTargets, e.g. with MiniLM lexical variants for OOV query nouns).
+    CaptionTargets, e.g. with MiniLM lexical variants for OOV query nouns), ``image_neighbours`` (1: Eq. 7, an image
+    is Γ_t of its nearest bank text; k > 1, an ablation: the mean of Γ_t of its k nearest).
     """
 
     def __init__(self, vlm, transform: AlignmentTransform, ste: STEEmbedding | None = None, query_mode: str = "ste",
-                 backend: str = "torch", targets: CaptionTargets | None = None):
+                 backend: str = "torch", targets: CaptionTargets | None = None, image_neighbours: int = 1):
         if query_mode not in QUERY_MODES:
             raise ValueError(f"query_mode must be one of {QUERY_MODES}, got {query_mode!r}")
         if query_mode == "ste" and ste is None and targets is None:
             raise ValueError("query_mode='ste' embeds queries by the STE of their nouns: pass ste= (an STEEmbedding).")
         self.vlm, self.transform, self.ste = vlm, transform.eval(), ste
         self.query_mode, self.backend = query_mode, backend
+        if image_neighbours < 1:
+            raise ValueError(f"image_neighbours must be >= 1; got {image_neighbours}")
+        self.image_neighbours = image_neighbours
         self._targets = targets
         self.texts: list[str] = []
         self.text_vlm = self.text_semclip = None
@@ -78,7 +82,7 @@ class SemCLIPStore:
             ids = [str(p) for p in images] if isinstance(images, (list, tuple)) else list(range(start, start + len(c_i)))
         if len(ids) != len(c_i):
             raise ValueError(f"{len(ids)} ids for {len(c_i)} images")
-        projected, nearest = semclip_project_images(c_i, self.text_vlm, self.text_semclip)
+        projected, nearest = semclip_project_images(c_i, self.text_vlm, self.text_semclip, self.image_neighbours)
         cat = lambda a, b: b if a is None else torch.cat([a, b])  # noqa: E731
         self.image_vlm, self.image_semclip = cat(self.image_vlm, c_i), cat(self.image_semclip, projected)
         self.nearest_text = cat(self.nearest_text, nearest)
