@@ -517,8 +517,8 @@ def _reading(table: dict, systems: list[str], reference: list[str], d: dict) -> 
                    f"perfect Γ_t on the bank), the STE queries reach {_ci(exact)}; {cost['system']} − this store: "
                    f"{_f(cost['diff'], sign='+')} [{_f(cost['diff_low'], sign='+')}, {_f(cost['diff_high'], sign='+')}]"
                    f"{' *' if _sign(cost) else ''} (paired): {lost}"
-                   + ("; the gap to the oracle is one nearest text standing for a photo (Eq. 7) against all its own "
-                      "captions." if _sign(cost) <= 0 and _sign(oracle) > 0 else "."))
+                   + ("; the gap to the oracle is other images' bank texts standing for a photo (Eq. 7) instead of its "
+                      "own captions." if _sign(cost) <= 0 and _sign(oracle) > 0 else "."))
     return out
 
 
