@@ -323,7 +323,7 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
                           or [np.zeros(0)]).reshape(-1, 6)
     rels = np.concatenate([np.frombuffer(per_image[iid][2], dtype=np.int64) for iid in image_ids]
                           or [np.zeros(0, dtype=np.int64)]).reshape(-1, 3)
-    del per_image
+    per_image.clear()  # the rows are copied into the arrays above: free them before building the index
     return VGIndex(
         image_ids=image_ids, image_urls=[urls[i] for i in image_ids],
         coco_ids=[links[i][0] for i in image_ids], flickr_ids=[links[i][1] for i in image_ids],
