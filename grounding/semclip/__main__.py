@@ -115,7 +115,8 @@ def _evaluate(args):
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                              bank_captions=bank, splits=args.splits, ks=args.ks or [1, 5, 10, 50],
                              query_modes=args.query_modes, image_neighbours=args.image_neighbours)
-    out = write_world_report(results, args.out, provenance={**provenance, "bank_captions": args.bank_captions})
+    out = write_world_report(results, args.out, provenance={**provenance, "bank_captions": args.bank_captions,
+                                                            "image_neighbours": args.image_neighbours})
     print((Path(out) / "README.md").read_text())
 
 

@@ -296,7 +296,6 @@ def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_si
 # ------------------------------------------------------------------------------------------
 # Eq. 7 and retrieval
 # ------------------------------------------------------------------------------------------
-@torch.no_grad()
 def nearest_texts(image_vlm: torch.Tensor, text_vlm: torch.Tensor, k: int = 1) -> torch.Tensor:
     """(N, k) indices of each image's k nearest texts by cosine in the VLM space, nearest first."""
     if not 1 <= k <= len(text_vlm):
@@ -305,6 +304,7 @@ def nearest_texts(image_vlm: torch.Tensor, text_vlm: torch.Tensor, k: int = 1) -
     return sim.argmax(dim=-1, keepdim=True) if k == 1 else sim.topk(k, dim=-1).indices
 
 
+@torch.no_grad()
 def semclip_project_images(image_vlm: torch.Tensor, text_vlm: torch.Tensor, text_semclip: torch.Tensor,
                            neighbours: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 7: Γ_i(C_i) = Γ_t(C_{t_i}) with t_i = argmin_t' cosine distance(C_i, C_t').
