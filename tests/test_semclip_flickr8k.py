@@ -255,6 +255,11 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["split"] == "test" and results["ks"] == [1, 5, 10] and results["bootstrap"]["n_resamples"] == 30
     assert results["provenance"]["image_list"].endswith("Flickr_8k.testImages.txt")
+    assert results["provenance"]["image_neighbours"] == 1 and results["image_neighbours"] == 1
+    with pytest.raises(SystemExit) as exit_info:  # a k below 1: one line, exit 2
+        main(["evaluate", "--transform", str(tmp_path / "transform.pt"), "--photos", str(root), "--image-neighbours", "0",
+              "--out", str(tmp_path / "out0")])
+    assert exit_info.value.code == 2 and "--image-neighbours 0" in capsys.readouterr().err
 
 
 def test_make_target_evaluates_after_the_fit():

@@ -81,6 +81,9 @@ def alignment_config(path: str) -> dict:
 
 
 def _evaluate(args):
+    if args.image_neighbours < 1:
+        raise UsageError(f"evaluate: --image-neighbours {args.image_neighbours}: give 1 (Eq. 7, the paper's) or more "
+                         "(the mean of Γ_t of an image's k nearest bank texts).")
     cfg = alignment_config(args.config) if args.config else {"data": {}, "export_path": None}
     transform_path = args.transform or cfg["export_path"]
     if not transform_path:
