@@ -74,10 +74,12 @@ class GroundingModule(LightningModule):
         return net
 
     def trainable_parameters(self):
+        """The parameters the optimizer updates: a list, or parameter groups (dicts) where a group's ``lr_scale``
+        multiplies the optimizer's learning rate for it (before any schedule, which then scales every group)."""
         return [p for p in self.parameters() if p.requires_grad]
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.trainable_parameters())
+        optimizer = scale_group_lrs(self.optimizer_factory(self.trainable_parameters()))
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
@@ -100,6 +102,13 @@ class GroundingModule(LightningModule):
                                enable_version_counter=False, save_on_train_epoch_end=True)
         callbacks = [best, last, FitRecord(), EpochSummary(), ResultsTable(), TrainingImages()]
         return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
+
+
+def scale_group_lrs(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Each parameter group's lr times its ``lr_scale`` (groups without one keep the optimizer's lr)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * group.get("lr_scale", 1.0)
+    return optimizer
 
 
 class FitRecord(Callback):

@@ -92,16 +92,72 @@ def test_phrase_queries_are_non_sentence_concepts_with_denotations():
 
 # ---------------------------------------------------------------------------------------------- modules
 def test_film_modulator_hand_computed():
-    m = Modulator(dim=2, hidden=2, kind="film")
+    m = Modulator(dim=2, hidden=2, kind="film", identity_init=False)
     double = nn.Linear(2, 2, bias=False)
     double.weight.data = 2 * torch.eye(2)
     m.scale, m.shift, m.proj = nn.Identity(), double, nn.Identity()
     e, c = torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0, 0.5]])
     # a = e, b = 2e: a ⊙ c + b = [1*3 + 2, -2*0.5 - 4]
     assert m(e, c).tolist() == [[5.0, -5.0]]
+    # identity_init: a = 1 + MLP_a(e) = 1 + e, b = 2e: [2*3 + 2, -1*0.5 - 4]
+    m = Modulator(dim=2, hidden=2, kind="film")
+    m.scale, m.shift, m.proj = nn.Identity(), double, nn.Identity()
+    assert m(e, c).tolist() == [[8.0, -4.5]]
+    # skip: z + proj(z), proj doubling z = [8, -4.5] -> 3z
+    m = Modulator(dim=2, hidden=2, kind="film", skip=True)
+    m.scale, m.shift, m.proj = nn.Identity(), double, double
+    assert m(e, c).tolist() == [[24.0, -13.5]]
     assert Modulator(2, 2, "replace")(e, c).tolist() == c.tolist()
     with pytest.raises(ValueError, match="modulator"):
         Modulator(2, 2, "concat")
+
+
+def test_film_identity_init_passes_the_child_whole_and_old_checkpoints_keep_their_parametrisation():
+    torch.manual_seed(0)
+    e, c = torch.randn(5, 8), torch.randn(5, 8)
+    m = Modulator(dim=8, hidden=8, kind="film", skip=True)
+    assert torch.equal(m(e, c), c)  # a = 1, b = 0, proj's residual branch zero: the child itself
+    plain = Modulator(dim=8, hidden=8, kind="film", identity_init=False)
+    state = {k: v for k, v in plain.state_dict().items() if k != "scale_offset"}  # written before the buffer existed
+    loaded = Modulator(dim=8, hidden=8, kind="film")
+    loaded.load_state_dict(state)
+    assert loaded.scale_offset.item() == 0.0
+    assert torch.allclose(loaded(e, c), plain(e, c))
+
+
+def test_placeholders_start_distinct_at_the_vocabulary_norm():
+    net = tiny_net()
+    emb = net.predicate_transformer.get_input_embeddings().weight.detach()
+    rows = emb[net.placeholder_base:]
+    cos = torch.nn.functional.normalize(rows, dim=1) @ torch.nn.functional.normalize(rows, dim=1).T
+    assert cos.fill_diagonal_(0).abs().max() < 0.9
+    assert torch.allclose(rows.norm(dim=1), emb[:net.placeholder_base].norm(dim=1).mean().expand(len(rows)), rtol=1e-4)
+    same = tiny_net(placeholder_init="mean").predicate_transformer.get_input_embeddings().weight.detach()
+    base = net.placeholder_base
+    assert torch.allclose(same[base:], same[base:base + 1].expand(len(rows), -1), atol=0.05)  # transformers' mean rows
+
+
+def test_last_coattention_block_has_no_image_direction_and_old_weights_load():
+    net = tiny_net(ct_layers=5)
+    blocks = net.composition.co_attention
+    assert blocks[0].image_from_text is not None and blocks[-1].image_from_text is None
+    state = net.composition.state_dict()
+    extra = {f"co_attention.1.image_from_text.{k}": v for k, v in blocks[0].image_from_text.state_dict().items()}
+    net.composition.load_state_dict({**state, **extra})  # a checkpoint with the computed-and-discarded branch
+
+
+def test_every_composition_parameter_gets_a_gradient():
+    graph, tables, _ = tiny_graph()
+    for kw in ({}, {"readout": "mean", "modulator_skip": True, "child_skip": True}):
+        net = tiny_net(**kw).train()
+        b = composition_batch(graph, tables, [0, 1, 2])
+        regions, mask = net.embed_regions(torch.randn(3, 3, 32, 32))
+        pairs = torch.arange(3)
+        table, ptr = net.compose(b, regions, mask, pairs, pairs)
+        net.score(table).sum().backward()
+        missing = [n for n, p in net.named_parameters() if p.requires_grad and p.grad is None
+                   and not n.startswith(("predicate_transformer.pooler", "backbone"))]
+        assert not missing, missing
 
 
 def test_grid_regions_cover_the_image():
@@ -114,9 +170,15 @@ def test_grid_regions_cover_the_image():
 @pytest.mark.parametrize("modulator", ["film", "replace", "mlp"])
 @pytest.mark.parametrize("cross", [True, False])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_first):
+@pytest.mark.parametrize("learns", [False, True])
+def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_first, learns):
     graph, tables, _ = tiny_graph(failed=True)
-    net = tiny_net(modulator=modulator, primitive_cross_attention=cross, norm_first=norm_first)
+    switches = dict(readout="mean", modulator_skip=True, child_skip=True, primitive_queries="encoder") if learns else {}
+    net = tiny_net(modulator=modulator, primitive_cross_attention=cross, norm_first=norm_first, **switches)
+    if learns:  # the zero-initialised residual branches made non-zero, so the skips are exercised
+        with torch.no_grad():
+            for p in net.modulator.parameters():
+                p.add_(0.1 * torch.randn_like(p))
     b = composition_batch(graph, tables, [0, 1, 2, 3])
     regions, mask = net.embed_regions(torch.randn(3, 3, 32, 32))
     pair_image, pair_caption = torch.tensor([0, 1, 2, 2, 0, 1, 0]), torch.tensor([0, 1, 2, 0, 2, 3, 1])
@@ -210,7 +272,8 @@ def test_training_losses_are_finite_and_backpropagate():
     losses = module.compute_losses(b)
     assert set(losses) >= {"match", "mvsa", "order", "loss"}
     losses["loss"].backward()
-    assert module.net.theta.weight.grad is not None and module.net.modulator.scale[0].weight.grad.abs().sum() > 0
+    # FiLM's identity start: MLP_a's last layer is zero, so it (not yet the layer below) gets the first gradient
+    assert module.net.theta.weight.grad is not None and module.net.modulator.scale[-1].weight.grad.abs().sum() > 0
 
 
 # ---------------------------------------------------------------------------------------------- evaluation

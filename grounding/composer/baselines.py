@@ -235,6 +235,10 @@ class ViLBERT(RecordedNet):
                               torch.cat([whole_image, boxes], 1))
         return tokens, F.pad(mask, (1, 0), value=True)
 
+    def pretrained_modules(self) -> list[nn.Module]:
+        """The text stream (the encoder's lower layers and its top layers' copies): the rest is new."""
+        return [self.text_encoder, self.text_layers]
+
     def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The lower text layers (image-independent: once per text, reused by every image)."""
         return self.text_encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
@@ -282,9 +286,10 @@ class ViLBERTTraining(RegionRetrievalModule):
 
     def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
                  mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
-                 eval_pair_chunk: int = 2048, eval_phrases: str = "test", feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 eval_pair_chunk: int = 2048, eval_phrases: str = "test", new_layer_lr_scale: float = 1.0,
+                 feature_cache: bool = True, feature_cache_dir: str | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler)
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale)
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
             raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVE_MODES:

@@ -19,6 +19,9 @@ from grounding.nets import RecordedNet
 from .batch import PLACEHOLDER_TYPES
 
 MODULATORS = ("film", "replace", "mlp")
+READOUTS = ("cls", "mean")
+PLACEHOLDER_INITS = ("distinct", "mean")
+PRIMITIVE_QUERIES = ("embeddings", "encoder")
 REGION_SOURCES = ("grid", "files", "boxes")
 
 
@@ -162,92 +165,144 @@ class PrimitiveEncoder(nn.Module):
         super().__init__()
         self.cross_attention = cross_attention
         self.layer = AttentionBlock(dim, heads, ffn_dim, dropout, norm_first=norm_first)
+        # pre-LN stacks end in a LayerNorm (as GPT-2 / ViT): the residual stream is otherwise read unnormalised
+        self.final_norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
 
     def forward(self, words, word_mask, regions=None, region_mask=None) -> torch.Tensor:
         if self.cross_attention:
             context, mask = torch.cat([words, regions], 1), torch.cat([word_mask, region_mask], 1)
         else:
             context, mask = words, word_mask
-        h = self.layer(words, context, mask)
+        h = self.final_norm(self.layer(words, context, mask))
         m = word_mask.unsqueeze(-1).to(h.dtype)
         return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 class Modulator(nn.Module):
     """§3.2 / App. C: binds argument concept c_k to its placeholder's PT output ê_k.
-    ``film``: a = MLP_a(ê), b = MLP_b(ê), MLP_proj(a ⊙ c + b); ``replace``: c; ``mlp``: MLP([ê; c]) (Table 4)."""
+    ``film``: a = MLP_a(ê), b = MLP_b(ê), MLP_proj(a ⊙ c + b); ``replace``: c; ``mlp``: MLP([ê; c]) (Table 4).
 
-    def __init__(self, dim: int, hidden: int, kind: str = "film"):
+    ``identity_init`` (FiLM): a = 1 + Δa(ê) and b = Δb(ê) with the last layers of Δa and Δb zero, so at
+    initialisation a ⊙ c + b = c and the child concept reaches the composition whole. The paper states the
+    modulation, not its initialisation; with a default-initialised MLP_a, a ≈ 0.07 at the start and a ⊙ c erases
+    the child (its spread across nouns fell from 2.75 to 0.04). ``false`` keeps that plain parametrisation.
+
+    ``skip`` (beyond the paper, default off): the projection as a residual MLP, z + MLP_proj(z) with its last
+    layer zero (``film`` and ``mlp``; the latter adds c), so the child passes to the parent's sequence at its own
+    scale; a default-initialised MLP_proj shrinks the child's spread across nouns about fivefold."""
+
+    def __init__(self, dim: int, hidden: int, kind: str = "film", identity_init: bool = True, skip: bool = False):
         super().__init__()
         if kind not in MODULATORS:
             raise ValueError(f"modulator must be one of {MODULATORS}; got {kind!r}")
         self.kind = kind
+        self.identity_init = identity_init and kind == "film"
+        self.skip = skip and kind != "replace"
 
         def mlp(inp):
             return nn.Sequential(nn.Linear(inp, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
         if kind == "film":
             self.scale, self.shift, self.proj = mlp(dim), mlp(dim), mlp(dim)
+            # a = scale_offset + MLP_a(ê); saved with the weights, so a checkpoint keeps the parametrisation it
+            # was trained with (one written before this buffer existed loads with offset 0: see below)
+            self.register_buffer("scale_offset", torch.tensor(1.0 if self.identity_init else 0.0))
+            if self.identity_init:
+                for net in (self.scale, self.shift):
+                    nn.init.zeros_(net[-1].weight)
+                    nn.init.zeros_(net[-1].bias)
         elif kind == "mlp":
             self.proj = mlp(2 * dim)
+        if self.skip:
+            nn.init.zeros_(self.proj[-1].weight)
+            nn.init.zeros_(self.proj[-1].bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.kind == "film" and f"{prefix}scale.0.weight" in state_dict:
+            state_dict.setdefault(f"{prefix}scale_offset", torch.tensor(0.0))  # trained as a = MLP_a(ê)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, placeholder: torch.Tensor, concept: torch.Tensor) -> torch.Tensor:
         if self.kind == "film":
-            return self.proj(self.scale(placeholder) * concept + self.shift(placeholder))
+            a = self.scale(placeholder) + self.scale_offset.to(placeholder.dtype)
+            z = a * concept + self.shift(placeholder)
+            return z + self.proj(z) if self.skip else self.proj(z)
         if self.kind == "mlp":
-            return self.proj(torch.cat([placeholder, concept], -1))
+            out = self.proj(torch.cat([placeholder, concept], -1))
+            return concept + out if self.skip else out
         return concept
 
 
 class CoAttentionBlock(nn.Module):
     """ViLBERT's co-attention (Lu et al., 2019, Fig. 2b): each stream's queries attend to the other stream
     (``co_dim`` wide, ``co_heads`` heads), both from the streams as they enter the block, then each stream's
-    own FFN. Shared by COMPOSER's Composition Transformer and the ViLBERT-style baseline."""
+    own FFN. Shared by COMPOSER's Composition Transformer and the ViLBERT-style baseline. ``image_side: false``
+    builds the text direction only (a last block whose image output nothing reads); the image comes back as it
+    entered."""
 
     def __init__(self, text_dim: int, image_dim: int, co_dim: int, co_heads: int, text_ffn_dim: int,
-                 image_ffn_dim: int, dropout: float = 0.1, norm_first: bool = False, text_eps: float = 1e-5):
+                 image_ffn_dim: int, dropout: float = 0.1, norm_first: bool = False, text_eps: float = 1e-5,
+                 image_side: bool = True):
         super().__init__()
         self.text_from_image = AttentionBlock(text_dim, co_heads, text_ffn_dim, dropout, kv_dim=image_dim,
                                               inner_dim=co_dim, norm_first=norm_first, eps=text_eps)
-        self.image_from_text = AttentionBlock(image_dim, co_heads, image_ffn_dim, dropout, kv_dim=text_dim,
-                                              inner_dim=co_dim, norm_first=norm_first)
+        self.image_from_text = (AttentionBlock(image_dim, co_heads, image_ffn_dim, dropout, kv_dim=text_dim,
+                                               inner_dim=co_dim, norm_first=norm_first) if image_side else None)
 
     def forward(self, text, text_mask, image, image_mask) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.image_from_text is None:
+            return self.text_from_image(text, image, image_mask), image
         return self.text_from_image(text, image, image_mask), self.image_from_text(image, text, text_mask)
 
 
 class CompositionTransformer(nn.Module):
     """App. C, Fig. 6 (ViLBERT-style): ``layers`` = 2k+1 — k times (self-attention in both streams, then
-    co-attention in both directions), ending with a text self-attention layer; the output at [CLS] is
-    the parent concept."""
+    co-attention in both directions), ending with a text self-attention layer. The parent concept is that
+    layer's output at [CLS] (``readout: cls``, as ViLBERT reads its text stream) or its masked mean over the
+    template's tokens (``mean``: for a text encoder whose [CLS] was never trained for pooling, such as the
+    offline sentence-transformers MiniLM; the mean also carries the modulated children directly). The last
+    co-attention block computes the text direction only: the image stream is not read after it."""
 
     def __init__(self, dim: int, heads: int, ffn_dim: int, layers: int = 5, co_dim: int = 1024, co_heads: int = 8,
-                 dropout: float = 0.1, norm_first: bool = False):
+                 dropout: float = 0.1, norm_first: bool = False, readout: str = "cls"):
         super().__init__()
         if layers < 1 or layers % 2 == 0:
             raise ValueError(f"ct_layers must be odd (self/co-attention pairs plus a final text layer); got {layers}")
+        if readout not in READOUTS:
+            raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
+        self.readout = readout
         k = layers // 2
 
         def block():
             return AttentionBlock(dim, heads, ffn_dim, dropout, norm_first=norm_first)
 
         self.text_self = nn.ModuleList(block() for _ in range(k + 1))
+        self.final_norm = nn.LayerNorm(dim) if norm_first else nn.Identity()  # pre-LN: normalise what is read
         self.image_self = nn.ModuleList(block() for _ in range(k))
-        self.co_attention = nn.ModuleList(CoAttentionBlock(dim, dim, co_dim, co_heads, ffn_dim, ffn_dim, dropout, norm_first)
-                                          for _ in range(k))
+        self.co_attention = nn.ModuleList(CoAttentionBlock(dim, dim, co_dim, co_heads, ffn_dim, ffn_dim, dropout, norm_first,
+                                                           image_side=i < k - 1)
+                                          for i in range(k))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints written before the co-attention became one CoAttentionBlock per layer pair
         for key in [k for k in state_dict if k.startswith((f"{prefix}text_from_image.", f"{prefix}image_from_text."))]:
             direction, index, rest = key[len(prefix):].split(".", 2)
             state_dict[f"{prefix}co_attention.{index}.{direction}.{rest}"] = state_dict.pop(key)
+        # ... and before the last block lost its image direction (computed, never read: no gradient)
+        last = f"{prefix}co_attention.{len(self.co_attention) - 1}.image_from_text."
+        for key in [k for k in state_dict if k.startswith(last)]:
+            del state_dict[key]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, text, text_mask, image, image_mask) -> torch.Tensor:
         for ts, vs, co in zip(self.text_self, self.image_self, self.co_attention):
             text, image = ts(text, None, text_mask), vs(image, None, image_mask)
             text, image = co(text, text_mask, image, image_mask)
-        return self.text_self[-1](text, None, text_mask)[:, 0]
+        out = self.final_norm(self.text_self[-1](text, None, text_mask))
+        if self.readout == "cls":
+            return out[:, 0]
+        m = text_mask.unsqueeze(-1).to(out.dtype)
+        return (out * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -259,6 +314,17 @@ class Composer(RecordedNet):
     768); ``co_dim``/``co_heads``: the Composition Transformer's co-attention (paper 1024, 8 heads).
     ``norm_first``: pre-LN layers (paper: post-LN, as BERT/ViLBERT); ``dim``: a composition width below
     the text width (paper: null).
+    ``readout``: the parent concept at the CT's [CLS] (``cls``, paper) or the mean over its tokens (``mean``; see
+    :class:`CompositionTransformer`). ``placeholder_init``: each placeholder word piece its own random direction at
+    the vocabulary's mean norm (``distinct``) or ``transformers``' resize default, the mean of the vocabulary
+    (``mean``: every placeholder the same short vector, so [NP] and [S] start indistinguishable). The paper names
+    neither. ``film_identity_init``, ``modulator_skip``: see :class:`Modulator`. ``primitive_queries``: the
+    primitive encoder's queries, the word pieces' input embeddings (``embeddings``, paper: "the primitive word
+    embedding") or the Predicate Transformer's output over them (``encoder``, beyond the paper: a pretrained
+    sentence encoder places synonyms near each other, its input embeddings need not). ``child_skip`` (beyond the
+    paper): a parent concept is the CT's readout plus the mean of its modulated children, a residual path along
+    the tree; without it a leaf's content reaches the root only through every level's CT, diluted among each
+    template's tokens (a noun is one of ~7 tokens at each level).
     ``region_source``: ``grid`` (the frozen ``backbone``'s
     map, one region per cell; the offline default), ``files`` (detector features of ``region_dim``
     read by the DataModule) or ``boxes`` (RoI-aligned backbone features over given boxes).
@@ -269,16 +335,26 @@ class Composer(RecordedNet):
                  image_size: int = 224, primitive_cross_attention: bool = True, modulator: str = "film",
                  modulator_hidden: int | None = None, ct_layers: int = 5, heads: int = 12, co_dim: int = 1024,
                  co_heads: int = 8, ffn_dim: int | None = None, dim: int | None = None, norm_first: bool = False,
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, readout: str = "cls", placeholder_init: str = "distinct",
+                 film_identity_init: bool = True, modulator_skip: bool = False, primitive_queries: str = "embeddings",
+                 child_skip: bool = False):
         super().__init__()
         if region_source not in REGION_SOURCES:
             raise ValueError(f"region_source must be one of {REGION_SOURCES}; got {region_source!r}")
+        if primitive_queries not in PRIMITIVE_QUERIES:
+            raise ValueError(f"primitive_queries must be one of {PRIMITIVE_QUERIES}; got {primitive_queries!r}")
+        self.primitive_queries = primitive_queries
+        self.child_skip = child_skip
+        if placeholder_init not in PLACEHOLDER_INITS:
+            raise ValueError(f"placeholder_init must be one of {PLACEHOLDER_INITS}; got {placeholder_init!r}")
         self.region_source = region_source
         self.image_size = image_size
         bert = load_text_encoder(text_encoder, num_hidden_layers=pt_layers)
         bert.train()  # from_pretrained gives eval mode, which Lightning keeps: the PT's dropout would never act
         self.placeholder_base = bert.config.vocab_size
         bert.resize_token_embeddings(bert.config.vocab_size + len(PLACEHOLDER_TYPES))
+        if placeholder_init == "distinct":
+            init_placeholders(bert.get_input_embeddings().weight, self.placeholder_base)
         self.predicate_transformer = bert
         width = bert.config.hidden_size
         # The paper composes at the text width (768); ``dim`` projects the PT's outputs and the word pieces to
@@ -290,9 +366,14 @@ class Composer(RecordedNet):
         self.backbone, region_dim = region_backbone(region_source, backbone, backbone_weights, region_dim)
         self.regions = RegionEmbedding(region_dim, dim, dropout)
         self.primitive_encoder = PrimitiveEncoder(dim, heads, ffn_dim, dropout, primitive_cross_attention, norm_first)
-        self.modulator = Modulator(dim, modulator_hidden or dim, modulator)
-        self.composition = CompositionTransformer(dim, heads, ffn_dim, ct_layers, co_dim, co_heads, dropout, norm_first)
+        self.modulator = Modulator(dim, modulator_hidden or dim, modulator, film_identity_init, modulator_skip)
+        self.composition = CompositionTransformer(dim, heads, ffn_dim, ct_layers, co_dim, co_heads, dropout, norm_first,
+                                                  readout)
         self.theta = nn.Linear(dim, 1)
+
+    def pretrained_modules(self) -> list[nn.Module]:
+        """The modules initialised from the pretrained text encoder (the rest is new: ``new_layer_lr_scale``)."""
+        return [self.predicate_transformer]
 
     # -------------------------------------------------------------------- inputs
     def embed_regions(self, images: torch.Tensor | None = None, features: torch.Tensor | None = None,
@@ -303,8 +384,13 @@ class Composer(RecordedNet):
                                                 images, features, boxes, mask)
         return self.regions(features, boxes), mask
 
-    def word_pieces(self, ids: torch.Tensor) -> torch.Tensor:
-        """The text encoder's word-piece embeddings (word + position + LayerNorm): the primitives' queries."""
+    def word_pieces(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The primitives' queries: the text encoder's word-piece embeddings (word + position + LayerNorm; the
+        paper's ``primitive_queries: embeddings``) or the Predicate Transformer's output over the primitive's word
+        pieces (``encoder``)."""
+        if self.primitive_queries == "encoder":
+            mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+            return self.text_proj(self.predicate_transformer(input_ids=ids, attention_mask=mask.long()).last_hidden_state)
         return self.text_proj(self.predicate_transformer.embeddings(input_ids=ids))
 
     def encode_predicates(self, template_ids: torch.Tensor, template_mask: torch.Tensor) -> torch.Tensor:
@@ -341,8 +427,9 @@ class Composer(RecordedNet):
         key = pair_image[pair] * batch["primitive_ids"].shape[0] + unique
         keys, inverse = torch.unique(key, return_inverse=True)
         img, uniq = keys // batch["primitive_ids"].shape[0], keys % batch["primitive_ids"].shape[0]
-        ids, mask = batch["primitive_ids"].to(dev)[uniq], batch["primitive_mask"].to(dev)[uniq]
-        u_hat = self.primitive_encoder(self.word_pieces(ids), mask, regions[img], region_mask[img])
+        ids, mask = batch["primitive_ids"].to(dev), batch["primitive_mask"].to(dev)
+        queries = self.word_pieces(ids, mask)  # once per distinct primitive of the batch
+        u_hat = self.primitive_encoder(queries[uniq], mask[uniq], regions[img], region_mask[img])
         table = table.index_put((pair_ptr[pair] + prim_local[prim],), u_hat[inverse])
 
         # applications, bottom-up
@@ -366,9 +453,13 @@ class Composer(RecordedNet):
             row, slot = torch.nonzero(app_args[app] >= 0, as_tuple=True)
             pos = placeholder_pos[pred[row], slot]
             child = table[pair_ptr[pair[row]] + app_args[app[row], slot]]
-            text = text.index_put((row, pos), self.modulator(text[row, pos], child))
+            modulated = self.modulator(text[row, pos], child)
+            text = text.index_put((row, pos), modulated)
             img = pair_image[pair]
             v = self.composition(text, template_mask[pred], regions[img], region_mask[img])
+            if self.child_skip:  # + the mean of the application's modulated children
+                n_arg = torch.bincount(row, minlength=len(v)).clamp(min=1).unsqueeze(1).to(v.dtype)
+                v = v + torch.zeros_like(v).index_add_(0, row, modulated.to(v.dtype)) / n_arg
             table = table.index_put((pair_ptr[pair] + app_local[app],), v)
         return table, pair_ptr
 
@@ -377,6 +468,16 @@ class Composer(RecordedNet):
         table, pair_ptr = self.compose(batch, regions, region_mask, pair_image, pair_caption)
         root = pair_ptr[:-1] + batch["caption_root"].to(regions.device)[pair_caption]
         return self.score(table[root])
+
+
+@torch.no_grad()
+def init_placeholders(embeddings: torch.Tensor, base: int) -> None:
+    """Rows ``base:`` of a word-embedding table (the placeholder word pieces) as random directions, each at the mean
+    norm of the vocabulary's rows: distinct from each other and as long as a word."""
+    n = len(embeddings) - base
+    norm = embeddings[:base].float().norm(dim=1).mean()
+    direction = F.normalize(torch.randn(n, embeddings.shape[1]), dim=1)
+    embeddings[base:] = (direction * norm).to(embeddings.dtype)
 
 
 def expand_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,14 +502,19 @@ def compose_node_by_node(net: Composer, batch: dict, regions, region_mask, pair_
         for q in torch.nonzero(batch["prim_caption"] == c).squeeze(1).tolist():
             u = int(batch["prim_unique"][q])
             ids, mask = batch["primitive_ids"][u:u + 1], batch["primitive_mask"][u:u + 1]
-            table[int(pair_ptr[p]) + int(batch["prim_local"][q])] = net.primitive_encoder(net.word_pieces(ids), mask, reg, rmask)[0]
+            table[int(pair_ptr[p]) + int(batch["prim_local"][q])] = net.primitive_encoder(net.word_pieces(ids, mask), mask, reg,
+                                                                                          rmask)[0]
         for a in torch.nonzero(batch["app_caption"] == c).squeeze(1).tolist():  # height order
             pred = int(batch["app_pred"][a])
             text = e_hat[pred].clone()
+            children = []
             for slot, arg in enumerate(batch["app_args"][a].tolist()):
                 if arg >= 0:
                     pos = int(batch["placeholder_pos"][pred, slot])
                     text[pos] = net.modulator(text[pos], table[int(pair_ptr[p]) + arg])
+                    children.append(text[pos])
             v = net.composition(text[None], batch["template_mask"][pred:pred + 1], reg, rmask)[0]
+            if net.child_skip and children:
+                v = v + torch.stack(children).mean(0)
             table[int(pair_ptr[p]) + int(batch["app_local"][a])] = v
     return torch.stack(table)

@@ -38,8 +38,12 @@ class RegionRetrievalModule(GroundingModule):
     monitor = "val/rsum"
     monitor_mode = "max"
 
-    def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+    def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None,
+                 new_layer_lr_scale: float = 1.0):
         super().__init__(optimizer, lr_scheduler)
+        if not new_layer_lr_scale > 0:
+            raise ValueError(f"new_layer_lr_scale must be > 0; got {new_layer_lr_scale}")
+        self.new_layer_lr_scale = new_layer_lr_scale
         self._eval: dict[str, dict[str, list]] = {}
         self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
 
@@ -60,6 +64,16 @@ class RegionRetrievalModule(GroundingModule):
 
     def frozen_backbone(self):
         return self.net.backbone
+
+    def trainable_parameters(self):
+        """Two groups: the pretrained text encoder's weights (``net.pretrained_modules()``) at the optimizer's lr,
+        every new layer at ``new_layer_lr_scale`` times it (1: one lr for all, the paper's)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.new_layer_lr_scale == 1.0:
+            return params
+        pretrained = {id(p) for m in self.net.pretrained_modules() for p in m.parameters()}
+        return [{"params": [p for p in params if id(p) in pretrained]},
+                {"params": [p for p in params if id(p) not in pretrained], "lr_scale": self.new_layer_lr_scale}]
 
     def regions(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Region tokens of a batch's images (pixels / cached maps, with object boxes for ``boxes``) or of its
@@ -145,15 +159,20 @@ class ComposerTraining(RegionRetrievalModule):
     training images; the DataModule's ``hard_negatives`` must be ``pool`` too, linked in grounding/cli.py),
     ``batch`` (the in-batch image nearest by mean region feature) or ``random``.
     ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
+    ``aux_ramp_steps``: λ₁ and λ₂ rise linearly from 0 over the first N optimizer steps (0: the paper's constant
+    weights); ``new_layer_lr_scale``: every layer but the pretrained Predicate Transformer at this multiple of the
+    learning rate (1: the paper's single rate).
     """
 
     def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
                  order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
-                 hard_negatives: str = "batch",
+                 hard_negatives: str = "batch", aux_ramp_steps: int = 0, new_layer_lr_scale: float = 1.0,
                  rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
                  feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler)
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale)
+        if aux_ramp_steps < 0:
+            raise ValueError(f"aux_ramp_steps must be >= 0; got {aux_ramp_steps}")
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
             raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVES:
@@ -166,6 +185,8 @@ class ComposerTraining(RegionRetrievalModule):
         self.order_margin, self.order_weight = order_margin, order_weight
         self.concept_reduction = concept_reduction
         self.hard_negatives = hard_negatives
+        self.aux_ramp_steps = aux_ramp_steps
+        self.steps_taken: int | None = None  # set by loops without a Trainer (diagnostics.fit_small)
         self.rerank_top_k, self.eval_image_chunk = rerank_top_k, eval_image_chunk
         # detector regions from files have no frozen CNN to cache
         self.feature_cache = feature_cache and self.net.backbone is not None
@@ -177,8 +198,16 @@ class ComposerTraining(RegionRetrievalModule):
         """ℓ_match's three negatives of every positive row (:func:`four_way_negatives`)."""
         return four_way_negatives(regions, region_mask, self.hard_negatives, hard_caption)
 
+    def aux_weight(self) -> float:
+        """The factor on λ₁ and λ₂ now: step / ``aux_ramp_steps`` while ramping, then 1."""
+        if not self.aux_ramp_steps:
+            return 1.0
+        step = self.steps_taken if self.steps_taken is not None else self.global_step
+        return min(1.0, step / self.aux_ramp_steps)
+
     def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
         regions, region_mask = self.regions(batch)
+        ramp = self.aux_weight()
         b = len(regions)
         rows = torch.arange(b, device=regions.device)
         random_caption, random_image, hard = self.negatives(regions, region_mask, batch.get("hard_caption"))
@@ -200,14 +229,14 @@ class ComposerTraining(RegionRetrievalModule):
             partner = same_height_partners(node_ptr, node_height, random_caption)[node_ptr[owner_c] + k_c]
             losses["mvsa"] = mvsa_loss(s[ptr[owner_c] + k_c], s[ptr[b + owner_c] + partner], s[ptr[2 * b + owner_c] + k_c],
                                        owner_c, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
-            loss = loss + self.mvsa_weight * losses["mvsa"]
+            loss = loss + ramp * self.mvsa_weight * losses["mvsa"]
         if self.order_weight:
             row, slot = torch.nonzero((batch["app_args"] >= 0) & (batch["app_caption"] < b)[:, None], as_tuple=True)
             cap = batch["app_caption"][row]
             parent = s[ptr[cap] + batch["app_local"][row]]
             child = s[ptr[cap] + batch["app_args"][row, slot]]
             losses["order"] = order_loss(parent, child, cap, b, self.order_margin, self.concept_reduction)
-            loss = loss + self.order_weight * losses["order"]
+            loss = loss + ramp * self.order_weight * losses["order"]
         losses["loss"] = loss
         losses["accuracy"] = (scores.argmax(1) == 0).float().mean()
         return losses

@@ -1,0 +1,145 @@
+"""Does a cross-encoder of this package learn before it is measured? Two checks on a tiny generated world.
+
+* :func:`init_diagnostics` — at initialisation, does caption content reach COMPOSER's root? Every caption composed
+  with one fixed image: are root vectors of captions of the same image closer than those of different images (the
+  gap in units of the different-image cosines' standard deviation), and how far does swapping every noun of a
+  caption move its root score, against swapping its image?
+* :func:`fit_small` — can a model fit a small training set? A plain training loop of ``steps`` batches over the
+  DataModule's training loader with the module's own losses, then text→image / image→text recall of the training
+  captions against the training images, scored by the module's own evaluation (``score_caption_batch``).
+
+Both run on any :class:`grounding.composer.data.ComposerDataModule`; :func:`fit_world` makes the usual one, a world
+with ``n_images`` training images (and 2 val, 2 test). ``python -m grounding.composer fit-check`` runs them from a
+config (docs/composer.md).
+"""
+
+from __future__ import annotations
+
+from itertools import cycle, islice
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from grounding.lightning import scale_group_lrs
+from grounding.retrieval import retrieval_metrics
+
+from .model import Composer
+
+
+def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: int = 128, batch_size: int = 16,
+              text_encoder: str = "minilm", hard_negatives: str = "batch", captions_per_epoch: str = "one"):
+    """A :class:`ComposerDataModule` over a generated world whose ``n_images`` images are all training images."""
+    from data_modules import FlickrDataModule
+    from data_modules.synthetic import generate_world
+
+    from .data import ComposerDataModule
+
+    # 2 val and 2 test images beside the n training ones (a caption reader needs every split); only train is used
+    total = n_images + 4
+    generate_world(out, n_images=total, seed=seed, image_size=image_size,
+                   split_fractions=(n_images / total, 2 / total, 2 / total))
+    captions = FlickrDataModule(root=str(Path(out) / "flickr"))
+    dm = ComposerDataModule(captions, backend="spacy", batch_size=batch_size, eval_batch_size=n_images,
+                            caption_batch_size=n_images * 5, image_size=image_size, resize_size=image_size,
+                            text_encoder=text_encoder, seed=seed, hard_negatives=hard_negatives,
+                            captions_per_epoch=captions_per_epoch)
+    dm.setup("fit")
+    return dm
+
+
+def _train_images(dm) -> dict:
+    from .data import collate_visual
+
+    images = dm.train_dataset
+    return collate_visual([{"image": images.load_image(i), "image_index": i} for i in range(len(images))])
+
+
+def _train_captions(dm) -> dict:
+    split = dm.graphs["train"]
+    return split.batch(np.arange(split.graph.n_captions))
+
+
+@torch.no_grad()
+def train_recall(module, dm) -> dict[str, float]:
+    """Retrieval metrics (``grounding.retrieval``) of every training caption against every training image, scored
+    by the module's own evaluation."""
+    was = module.training
+    module.eval()
+    regions, mask = module.regions(_train_images(dm))
+    captions = _train_captions(dm)
+    sentence, _ = module.score_caption_batch(captions, regions, mask, "test")
+    module.train(was)
+    return retrieval_metrics(sentence.float(), captions["caption_image_index"])
+
+
+def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0) -> dict:
+    """Train ``module`` (a COMPOSER or baseline training module) for ``steps`` batches with Adam at ``lr`` (no
+    schedule; the module's parameter groups, so ``new_layer_lr_scale`` applies), then score the training set. Returns ``{"loss": [...], "match": [...], **train recall}``."""
+    torch.manual_seed(seed)
+    optimizer = scale_group_lrs(torch.optim.Adam(module.trainable_parameters(), lr=lr))
+    module.train()
+    history = {"loss": [], "match": []}
+
+    def batches():
+        epoch = 0
+        while True:
+            loader = dm.train_dataloader()
+            loader.sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    for step, batch in enumerate(islice(cycle(batches()), steps)):
+        module.steps_taken = step  # the aux-loss ramp's clock without a Trainer
+        losses = module.compute_losses(batch)
+        optimizer.zero_grad()
+        losses["loss"].backward()
+        optimizer.step()
+        history["loss"].append(float(losses["loss"].detach()))
+        history["match"].append(float(losses["match"].detach()))
+    return {**history, **train_recall(module, dm)}
+
+
+@torch.no_grad()
+def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
+    """Content at COMPOSER's root, on the DataModule's training captions (eval mode, no dropout).
+
+    ``caption_gap_sigma``: every caption composed with training image ``image``; mean cosine of root vectors of
+    two captions of the same image minus that of two captions of different images, over the standard deviation of
+    the latter. ``noun_swap`` / ``image_swap``: mean |Δ s(x, y)| of the root score when every primitive (noun) of a
+    caption is replaced by another primitive of the batch (a cyclic shift of the distinct primitives), and when its
+    image is replaced by the next training image; ``noun_to_image`` their ratio.
+    """
+    was = net.training
+    net.eval()
+    visual = _train_images(dm)
+    regions, mask = net.embed_regions(visual.get("images"), visual.get("region_features"), visual.get("region_boxes"),
+                                      visual.get("region_mask"))
+    batch = _train_captions(dm)
+    n_cap = len(batch["captions"])
+    caption = torch.arange(n_cap)
+
+    def roots(b, pair_image):
+        table, ptr = net.compose(b, regions, mask, pair_image, caption)
+        return table[ptr[:-1] + b["caption_root"]]
+
+    fixed = torch.full((n_cap,), image, dtype=torch.long)
+    v = F.normalize(roots(batch, fixed).float(), dim=-1)
+    cos = v @ v.T
+    owner = batch["caption_image_index"]
+    same = owner[:, None] == owner[None, :]
+    off = ~torch.eye(n_cap, dtype=torch.bool)
+    different = cos[~same]
+    gap = (cos[same & off].mean() - different.mean()) / different.std().clamp(min=1e-12)
+
+    score = net.score(roots(batch, owner)).float()
+    other_image = (owner + 1) % len(regions)
+    image_swap = (net.score(roots(batch, other_image)).float() - score).abs().mean()
+    swapped = dict(batch)
+    swapped["primitive_ids"] = batch["primitive_ids"].roll(1, 0)
+    swapped["primitive_mask"] = batch["primitive_mask"].roll(1, 0)
+    noun_swap = (net.score(roots(swapped, owner)).float() - score).abs().mean()
+    net.train(was)
+    return {"caption_gap_sigma": float(gap), "noun_swap": float(noun_swap), "image_swap": float(image_swap),
+            "noun_to_image": float(noun_swap / image_swap.clamp(min=1e-12))}

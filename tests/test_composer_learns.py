@@ -1,0 +1,101 @@
+"""Does COMPOSER learn before it is measured? Content reaches its root at initialisation (fast tier), and it fits
+16 generated training images (slow tier), with the switches of composer_world.yaml (docs/composer.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from grounding.composer.data import CaptionRoundsSampler
+from grounding.composer.diagnostics import fit_small, fit_world, init_diagnostics
+from grounding.composer.model import Composer
+from grounding.composer.training import ComposerTraining
+
+# composer_world.yaml's network (dropout off: the fit below is measured without it)
+WORLD_NET = dict(text_encoder="minilm", pt_layers=6, backbone="efficientnet_lite0", image_size=128, ct_layers=3, dim=128,
+                 heads=4, co_dim=128, co_heads=4, norm_first=True, dropout=0.0)
+LEARNS = dict(readout="mean", modulator_skip=True, child_skip=True)
+
+
+@pytest.fixture(scope="module")
+def world16(tmp_path_factory):
+    return fit_world(tmp_path_factory.mktemp("fit16"), n_images=16)
+
+
+def test_content_reaches_the_root_at_initialisation(world16):
+    """Every caption composed with one image: captions of the same image closer than of different ones, and nouns
+    moving the score. Measured (seed 0): with the switches gap +0.34σ, noun/image 0.35; the paper's reading (cls
+    readout, no skips) +0.06σ and 0.07; before the fixes (FiLM a ≈ 0.07, equal placeholders) +0.005σ and 0.005."""
+    torch.manual_seed(0)
+    learns = init_diagnostics(Composer(**WORLD_NET, **LEARNS), world16)
+    assert learns["caption_gap_sigma"] >= 0.25, learns
+    assert learns["noun_to_image"] >= 0.1, learns
+    torch.manual_seed(0)
+    paper = init_diagnostics(Composer(**WORLD_NET), world16)
+    assert paper["caption_gap_sigma"] < learns["caption_gap_sigma"] and paper["noun_swap"] < learns["noun_swap"], paper
+
+
+@pytest.mark.slow
+def test_composer_fits_16_training_images(world16):
+    """16 images, batch 16, 60 steps of Adam (PT 1e-4, new layers 5e-4), the suite's own losses: COMPOSER's train
+    text→image R@1 71.2 (seed 0). The same harness gives ViLBERT-style (vilbert_world.yaml's net, lr 1e-4) 66.3 at 60
+    steps and 75.0 at 30, where COMPOSER has 43.8: it starts slower and overtakes. Before the fixes COMPOSER stayed
+    at chance (6.2) at 30 steps, ℓ_match flat at 1.40–1.45."""
+    torch.manual_seed(0)
+    module = ComposerTraining(Composer(**WORLD_NET, **LEARNS), concept_reduction="mean", new_layer_lr_scale=5.0,
+                              feature_cache=False)
+    result = fit_small(module, world16, steps=60, lr=1e-4, seed=0)
+    assert result["t2i_r1"] >= 50, result
+    assert np.mean(result["match"][-10:]) < np.mean(result["match"][:10])
+
+
+def test_caption_rounds_visit_every_caption_once_per_epoch_in_image_rounds():
+    counts = np.array([3, 0, 1, 5, 2])
+    sampler = CaptionRoundsSampler(counts, keep=[0, 2, 3, 4], hard_draws=np.array([4, 1, 4, 4, 4]), seed=0)
+    items = list(sampler)
+    assert len(items) == len(sampler) == 11
+    pairs = sorted((i, c % counts[i]) for i, c in items)
+    assert pairs == sorted((i, k) for i in (0, 2, 3, 4) for k in range(counts[i]))  # every caption once
+    assert all(c // counts[i] < 4 for i, c in items)  # the hard-negative key below hard_draws
+    # round r holds each image with more than r captions once, rounds in order
+    sizes = [4, 3, 2, 1, 1]
+    starts = np.cumsum([0] + sizes)
+    for r, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+        images = [i for i, _ in items[a:b]]
+        assert len(set(images)) == len(images) == sizes[r]
+    again = list(CaptionRoundsSampler(counts, [0, 2, 3, 4], np.array([4, 1, 4, 4, 4]), seed=0))
+    assert again == items  # seeded
+    sampler.set_epoch(1)
+    assert list(sampler) != items  # another order next epoch
+
+
+def test_new_layers_get_their_own_learning_rate():
+    from grounding.lightning import scale_group_lrs
+
+    torch.manual_seed(0)
+    net = Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2, co_dim=16,
+                   co_heads=2, ct_layers=3)
+    module = ComposerTraining(net, new_layer_lr_scale=5.0, feature_cache=False)
+    optimizer = scale_group_lrs(torch.optim.Adam(module.trainable_parameters(), lr=1e-4))
+    pretrained, new = optimizer.param_groups
+    assert pretrained["lr"] == 1e-4 and new["lr"] == pytest.approx(5e-4)
+    pt = {id(p) for p in net.predicate_transformer.parameters()}
+    assert {id(p) for p in pretrained["params"]} == pt
+    assert id(net.theta.weight) in {id(p) for p in new["params"]}
+    assert len(pretrained["params"]) + len(new["params"]) == sum(p.requires_grad for p in module.parameters())
+    with pytest.raises(ValueError, match="new_layer_lr_scale"):
+        ComposerTraining(net, new_layer_lr_scale=0.0)
+
+
+def test_auxiliary_losses_ramp_in():
+    torch.manual_seed(0)
+    net = Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2, co_dim=16,
+                   co_heads=2, ct_layers=3)
+    module = ComposerTraining(net, aux_ramp_steps=10, feature_cache=False)
+    factors = []
+    for step in (0, 5, 10, 20):
+        module.steps_taken = step
+        factors.append(module.aux_weight())
+    assert factors == [0.0, 0.5, 1.0, 1.0]
+    assert ComposerTraining(net, feature_cache=False).aux_weight() == 1.0
