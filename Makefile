@@ -269,6 +269,31 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 	$(call world_for,$(VILBERT_MVSA_CONFIG))
 	$(call fit_and_test,$(VILBERT_MVSA_CONFIG),$(VILBERT_MVSA_OUT),$(VILBERT_MVSA_ARGS))
 
+# COMPOSER against ViLBERT-style and ViLBERT + MVSA on one schedule (issue 27): each model's <data> config
+# (experiments/composer/<model>_<data>.yaml) fit per seed with train recall logged every epoch, then tested (every pair
+# scored); then the learning curves (PNG) and the test table (mean ± sd over seeds). A run with test metrics is kept.
+# `make composer-compare COMPARE_DATA=flickr8k` on the 753 real photos (hours on 2 CPU cores).
+COMPARE_MODELS ?= composer vilbert vilbert_mvsa
+COMPARE_SEEDS ?= 0 1
+COMPARE_DATA ?= world
+COMPARE_OUT ?= outputs/composer/compare_$(COMPARE_DATA)
+COMPARE_REPORT ?= reports/composer/compare_$(COMPARE_DATA)
+COMPARE_ARGS ?=
+.PHONY: composer-compare
+composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same schedule, 2 seeds: curves + table
+	$(call world_for,experiments/composer/composer_$(COMPARE_DATA).yaml)
+	@set -e; for seed in $(COMPARE_SEEDS); do for model in $(COMPARE_MODELS); do \
+	  cfg=experiments/composer/$${model}_$(COMPARE_DATA).yaml; run=$(COMPARE_OUT)/$${model}_s$$seed; \
+	  if grep -qs "test/rsum" $$run/csv/version_*/metrics.csv; then echo "$$run: tested, kept"; continue; fi; \
+	  echo "== $$model seed $$seed -> $$run"; \
+	  $(CLI) fit --config $$cfg --config experiments/trainer/csv_logger.yaml --seed_everything $$seed \
+	    --data.init_args.seed $$seed --model.init_args.train_recall_images 25 --trainer.default_root_dir $$run \
+	    --overwrite true $(COMPARE_ARGS); \
+	  $(CLI) test --config $$cfg --config experiments/trainer/csv_logger.yaml --trainer.default_root_dir $$run \
+	    --ckpt_path $$run/checkpoints/last.ckpt; \
+	done; done
+	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT)
+
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
 # .png). The demo's models are made by `make demo` when missing, then the COMPOSER baselines.
 LEADERBOARD ?= experiments/leaderboard/world.yaml

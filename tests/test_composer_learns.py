@@ -99,3 +99,25 @@ def test_auxiliary_losses_ramp_in():
         factors.append(module.aux_weight())
     assert factors == [0.0, 0.5, 1.0, 1.0]
     assert ComposerTraining(net, feature_cache=False).aux_weight() == 1.0
+
+
+def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
+    from grounding.composer.compare import compare, main
+
+    for model, seed, r1, rsum in (("composer", 0, [10.0, 30.0], 300.0), ("composer", 1, [12.0, 20.0], 320.0),
+                                  ("vilbert", 0, [20.0, 25.0], 250.0)):
+        fit, test = tmp_path / f"{model}_s{seed}" / "csv" / "version_0", tmp_path / f"{model}_s{seed}" / "csv" / "version_1"
+        fit.mkdir(parents=True)
+        test.mkdir()
+        rows = ["epoch,step,train/t2i_r1,train/loss", "0,4,,1.3", f"0,9,{r1[0]},", "1,14,,1.1", f"1,19,{r1[1]},"]
+        (fit / "metrics.csv").write_text("\n".join(rows) + "\n")
+        (test / "metrics.csv").write_text(f"epoch,step,test/rsum,test/t2i_r1\n0,0,{rsum},{rsum / 10}\n")
+    table = compare(tmp_path, tmp_path / "report")
+    assert table["composer"]["rsum"]["seeds"] == [300.0, 320.0]
+    assert table["composer"]["rsum"]["mean"] == 310.0 and table["composer"]["rsum"]["sd"] == pytest.approx(14.142, abs=1e-3)
+    assert table["vilbert"]["t2i R@1"]["mean"] == 25.0
+    assert (tmp_path / "report" / "learning_curves.png").stat().st_size > 1000
+    assert "| composer | 2 | 310.0 ± 14.1 |" in (tmp_path / "report" / "compare.md").read_text()
+    from grounding.composer.compare import read_curve
+    assert read_curve(tmp_path / "composer_s0") == ([1, 2], [10.0, 30.0])
+    assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2

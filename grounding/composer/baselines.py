@@ -287,9 +287,9 @@ class ViLBERTTraining(RegionRetrievalModule):
     def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
                  mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
                  eval_pair_chunk: int = 2048, eval_phrases: str = "test", new_layer_lr_scale: float = 1.0,
-                 feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 train_recall_images: int | None = None, feature_cache: bool = True, feature_cache_dir: str | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale)
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images)
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
             raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVE_MODES:

@@ -281,6 +281,11 @@ class ComposerDataModule(GroundingDataModule):
         """First placeholder word-piece id (the text encoder's vocabulary size): checked against the network."""
         return len(self.tokenizer)
 
+    def train_image(self, index: int) -> dict:
+        """Training image ``index``'s visual input as the loaders give it (pixels / cached maps, boxes or detector
+        regions): for :func:`collate_visual`."""
+        return _visual(self.train_dataset, self.regions, index)
+
     # ---------------------------------------------------------------- loaders
     def _train_items(self) -> _TrainItems:
         images, graph = self.train_dataset, self.graphs["train"].graph

@@ -22,20 +22,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data_modules import FlickrDataModule
+from data_modules.synthetic import generate_world
 from grounding.lightning import scale_group_lrs
 from grounding.retrieval import retrieval_metrics
 
+from .data import ComposerDataModule, collate_visual
 from .model import Composer
 
 
 def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: int = 128, batch_size: int = 16,
               text_encoder: str = "minilm", hard_negatives: str = "batch", captions_per_epoch: str = "one"):
     """A :class:`ComposerDataModule` over a generated world whose ``n_images`` images are all training images."""
-    from data_modules import FlickrDataModule
-    from data_modules.synthetic import generate_world
-
-    from .data import ComposerDataModule
-
     # 2 val and 2 test images beside the n training ones (a caption reader needs every split); only train is used
     total = n_images + 4
     generate_world(out, n_images=total, seed=seed, image_size=image_size,
@@ -49,34 +47,38 @@ def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: in
     return dm
 
 
-def _train_images(dm) -> dict:
-    from .data import collate_visual
-
+def _train_images(dm, n_images: int | None = None) -> dict:
     images = dm.train_dataset
-    return collate_visual([{"image": images.load_image(i), "image_index": i} for i in range(len(images))])
+    n = len(images) if n_images is None else min(n_images, len(images))
+    return collate_visual([dm.train_image(i) for i in range(n)])
 
 
-def _train_captions(dm) -> dict:
+def _train_captions(dm, n_images: int | None = None) -> dict:
     split = dm.graphs["train"]
-    return split.batch(np.arange(split.graph.n_captions))
+    captions = np.arange(split.graph.n_captions)
+    if n_images is not None:
+        captions = captions[split.graph.caption_image < n_images]
+    return split.batch(captions)
 
 
 @torch.no_grad()
-def train_recall(module, dm) -> dict[str, float]:
-    """Retrieval metrics (``grounding.retrieval``) of every training caption against every training image, scored
-    by the module's own evaluation."""
+def train_recall(module, dm, n_images: int | None = None) -> dict[str, float]:
+    """Retrieval metrics (``grounding.retrieval``) of the training captions of the first ``n_images`` training
+    images (all: None) against those images, scored by the module's own evaluation."""
     was = module.training
     module.eval()
-    regions, mask = module.regions(_train_images(dm))
-    captions = _train_captions(dm)
-    sentence, _ = module.score_caption_batch(captions, regions, mask, "test")
+    visual = {k: v.to(module.device) for k, v in _train_images(dm, n_images).items()}
+    regions, mask = module.regions(visual)
+    captions = _train_captions(dm, n_images)
+    sentence = module.score_caption_batch(captions, regions, mask, "test")[0]
     module.train(was)
-    return retrieval_metrics(sentence.float(), captions["caption_image_index"])
+    return retrieval_metrics(sentence.float().cpu(), captions["caption_image_index"])
 
 
 def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0) -> dict:
     """Train ``module`` (a COMPOSER or baseline training module) for ``steps`` batches with Adam at ``lr`` (no
-    schedule; the module's parameter groups, so ``new_layer_lr_scale`` applies), then score the training set. Returns ``{"loss": [...], "match": [...], **train recall}``."""
+    schedule; the module's parameter groups, so ``new_layer_lr_scale`` applies), then score the training set.
+    Returns ``{"loss": [...], "match": [...], **train recall}``."""
     torch.manual_seed(seed)
     optimizer = scale_group_lrs(torch.optim.Adam(module.trainable_parameters(), lr=lr))
     module.train()

@@ -20,13 +20,31 @@ def _to(batch: dict, device) -> dict:
 
 
 @torch.no_grad()
+@torch.no_grad()
+def primitive_first_stage(net: Composer, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor,
+                          image_chunk: int = 64) -> torch.Tensor:
+    """The rerank first stage (I, C): the mean primitive score θᵀû over each caption's primitives, for every image."""
+    batch = _to(batch, regions.device)
+    n_img, n_cap = len(regions), len(batch["captions"])
+    first = regions.new_zeros(n_img, n_cap)
+    n_prim = torch.bincount(batch["prim_caption"], minlength=n_cap)  # >= 1: every caption has a primitive node
+    for start in range(0, n_img, image_chunk):
+        img = torch.arange(start, min(start + image_chunk, n_img), device=regions.device)
+        pair_image, pair_caption = img.repeat(n_cap), torch.arange(n_cap, device=img.device).repeat_interleave(len(img))
+        s, ptr = _node_scores(net, batch, regions, region_mask, pair_image, pair_caption, max_height=0)
+        owner, k = expand_counts(n_prim[pair_caption])
+        total = torch.zeros(len(pair_image), device=regions.device).index_add_(0, owner, s[ptr[owner] + k])
+        first[pair_image, pair_caption] = total / n_prim[pair_caption]
+    return first
+
+
 def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, image_chunk: int = 64,
-                   rerank_top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   rerank_top_k: int | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sentence scores (I, C), phrase scores (I, Q)) of one caption batch against all I images.
 
-    With ``rerank_top_k`` the first stage is the mean primitive score θᵀû over the caption's primitives
-    (one cheap cross-attention layer); only each caption's top-K images are composed fully, and they
-    rank above the rest (which keep their first-stage order).
+    With ``rerank_top_k`` the first stage is ``first`` (I, C) or else the mean primitive score θᵀû over the
+    caption's primitives (:func:`primitive_first_stage`, one cheap cross-attention layer); only each caption's
+    top-K images are composed fully, and they rank above the rest (which keep their first-stage order).
     """
     batch = _to(batch, regions.device)
     n_img, n_cap = len(regions), len(batch["captions"])
@@ -48,16 +66,8 @@ def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mas
             p, q = torch.nonzero(sel, as_tuple=True)
             phrases[pair_image[p], q] = s[ptr[p] + phrase_local[q]]
         return sentence, phrases
-    # first stage: mean primitive score of every (image, caption)
-    first = regions.new_zeros(n_img, n_cap)
-    n_prim = torch.bincount(batch["prim_caption"], minlength=n_cap)  # >= 1: every caption has a primitive node
-    for start in range(0, n_img, image_chunk):
-        img = torch.arange(start, min(start + image_chunk, n_img), device=regions.device)
-        pair_image, pair_caption = img.repeat(n_cap), torch.arange(n_cap, device=img.device).repeat_interleave(len(img))
-        s, ptr = _node_scores(net, batch, regions, region_mask, pair_image, pair_caption, max_height=0)
-        owner, k = expand_counts(n_prim[pair_caption])
-        total = torch.zeros(len(pair_image), device=regions.device).index_add_(0, owner, s[ptr[owner] + k])
-        first[pair_image, pair_caption] = total / n_prim[pair_caption]
+    if first is None:  # first stage: mean primitive score of every (image, caption)
+        first = primitive_first_stage(net, batch, regions, region_mask, image_chunk)
     top = first.topk(rerank_top_k, dim=0).indices  # (K, C)
     offset = first.max() - first.min() + 1
     sentence = first - 2 * offset  # below every reranked score

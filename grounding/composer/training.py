@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import Callback
 
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.retrieval import RetrievalScores
+from grounding.retrieval import RetrievalScores, retrieval_metrics
 
-from .evaluation import composer_metrics, phrase_hits, score_captions
+from .diagnostics import train_recall
+from .evaluation import composer_metrics, phrase_hits, primitive_first_stage, score_captions
 from .hard_negatives import HARD_NEGATIVE_MODES
 from .losses import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
 from .model import Composer, expand_counts
@@ -39,12 +41,16 @@ class RegionRetrievalModule(GroundingModule):
     monitor_mode = "max"
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None,
-                 new_layer_lr_scale: float = 1.0):
+                 new_layer_lr_scale: float = 1.0, train_recall_images: int | None = None):
         super().__init__(optimizer, lr_scheduler)
         if not new_layer_lr_scale > 0:
             raise ValueError(f"new_layer_lr_scale must be > 0; got {new_layer_lr_scale}")
+        if train_recall_images is not None and train_recall_images < 2:
+            raise ValueError(f"train_recall_images must be at least 2 (or null: off); got {train_recall_images}")
         self.new_layer_lr_scale = new_layer_lr_scale
+        self.train_recall_images = train_recall_images
         self._eval: dict[str, dict[str, list]] = {}
+        self.first_stage_batches: list[torch.Tensor] = []  # a reranking model's first-stage scores (C_batch, I)
         self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
 
     def setup(self, stage: str) -> None:
@@ -64,6 +70,12 @@ class RegionRetrievalModule(GroundingModule):
 
     def frozen_backbone(self):
         return self.net.backbone
+
+    def configure_callbacks(self):
+        callbacks = super().configure_callbacks()
+        if self.train_recall_images:  # before EpochSummary, so the epoch's line shows this epoch's value
+            callbacks.insert(0, TrainRecall(self.train_recall_images))
+        return callbacks
 
     def trainable_parameters(self):
         """Two groups: the pretrained text encoder's weights (``net.pretrained_modules()``) at the optimizer's lr,
@@ -122,6 +134,7 @@ class RegionRetrievalModule(GroundingModule):
         regions, mask = regions[first], mask[first]
         sentence, caption_ids, caption_image, compositional = [], [], [], []
         hit_batches = []
+        self.first_stage_batches = []
         for batch in store["captions"]:
             s, p = self.score_caption_batch(batch, regions, mask, split)
             sentence.append(s.T)
@@ -145,8 +158,30 @@ class RegionRetrievalModule(GroundingModule):
             self.scored[split] = RetrievalScores(scores, rows.cpu(), caption_ids[keep].cpu())
         metrics = composer_metrics(scores, rows.cpu(), compositional[keep].bool().cpu(),
                                    phrase_r1=100.0 * hits.mean().item() if hits is not None and len(hits) else None)
+        k = getattr(self, "rerank_top_k", None)
+        if self.first_stage_batches and len(self.first_stage_batches) == len(store["captions"]):
+            # the rerank's ceiling: how often the first stage puts the caption's image in its top K
+            first = gdist.gather_no_grad(torch.cat(self.first_stage_batches))[keep].T.float().cpu()
+            metrics[f"first_stage/t2i_r{k}"] = retrieval_metrics(first, rows.cpu(), ks=(k,))[f"t2i_r{k}"]
         for key, value in metrics.items():
             self.log(f"{split}/{key}", value, prog_bar=key == "rsum", rank_zero_only=False, sync_dist=False)
+
+
+class TrainRecall(Callback):
+    """``train_recall_images: N``: how well the model fits its training data, every epoch: the captions of the first
+    N training images against those images, scored by the module's evaluation (``train/t2i_r1``, ``train/t2i_r5``,
+    ``train/i2t_r1``, ``train/rsum``; rank 0's own computation, not gathered)."""
+
+    def __init__(self, n_images: int):
+        self.n_images = n_images
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = getattr(trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "graphs"):
+            return
+        metrics = train_recall(pl_module, dm, self.n_images)
+        for key in ("t2i_r1", "t2i_r5", "i2t_r1", "rsum"):
+            pl_module.log(f"train/{key}", metrics[key], rank_zero_only=True, sync_dist=False)
 
 
 class ComposerTraining(RegionRetrievalModule):
@@ -161,16 +196,18 @@ class ComposerTraining(RegionRetrievalModule):
     ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
     ``aux_ramp_steps``: λ₁ and λ₂ rise linearly from 0 over the first N optimizer steps (0: the paper's constant
     weights); ``new_layer_lr_scale``: every layer but the pretrained Predicate Transformer at this multiple of the
-    learning rate (1: the paper's single rate).
+    learning rate (1: the paper's single rate). ``train_recall_images``: log train recall on that many training
+    images every epoch (:class:`RegionRetrievalModule`).
     """
 
     def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
                  order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
                  hard_negatives: str = "batch", aux_ramp_steps: int = 0, new_layer_lr_scale: float = 1.0,
+                 train_recall_images: int | None = None,
                  rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
                  feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale)
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images)
         if aux_ramp_steps < 0:
             raise ValueError(f"aux_ramp_steps must be >= 0; got {aux_ramp_steps}")
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
@@ -251,8 +288,13 @@ class ComposerTraining(RegionRetrievalModule):
         return losses["loss"]
 
     def score_caption_batch(self, batch, regions, region_mask, split="test"):
-        """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``)."""
-        return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k)
+        """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``; the first stage's
+        scores are kept for its recall@K, the rerank's ceiling)."""
+        first = None
+        if self.rerank_top_k is not None and self.rerank_top_k < len(regions):
+            first = primitive_first_stage(self.net, batch, regions, region_mask, self.eval_image_chunk)
+            self.first_stage_batches.append(first.T)
+        return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k, first)
 
 
 def four_way_negatives(regions: torch.Tensor, region_mask: torch.Tensor, mode: str = "batch",
