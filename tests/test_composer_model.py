@@ -292,6 +292,34 @@ def test_rerank_over_all_images_equals_exhaustive():
     torch.testing.assert_close(one[best, torch.arange(3)], full[best, torch.arange(3)])
 
 
+def test_reranked_evaluation_logs_its_first_stage_recall_at_k():
+    from grounding.composer.evaluation import primitive_first_stage
+
+    graph, tables, _ = tiny_graph()
+    module = ComposerTraining(tiny_net(), rerank_top_k=2, feature_cache=False).eval()
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, value)
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        module._eval_step({"images": images, "image_index": torch.arange(3)}, 0, "test")
+        batch = {**composition_batch(graph, tables, [0, 1, 2]), "caption_image_index": torch.tensor([0, 1, 2]),
+                 "compositional": torch.zeros(3, dtype=torch.bool)}
+        module._eval_step(batch, 1, "test")
+        module._eval_epoch_end("test")
+        regions, mask = module.regions({"images": images})
+        first = primitive_first_stage(module.net, batch, regions, mask)  # (images, captions)
+    in_top2 = (first.topk(2, dim=0).indices == torch.arange(3)).any(0).float().mean().item() * 100
+    assert logged["test/first_stage/t2i_r2"] == pytest.approx(in_top2)
+    assert "test/rsum" in logged
+    module.rerank_top_k = None
+    logged.clear()
+    with torch.no_grad():
+        module._eval_step({"images": images, "image_index": torch.arange(3)}, 0, "test")
+        module._eval_step(batch, 1, "test")
+        module._eval_epoch_end("test")
+    assert not any(k.startswith("test/first_stage") for k in logged)  # exhaustive: no first stage
+
+
 def test_phrase_hits_and_compositional_recalls():
     hits = phrase_hits(torch.tensor([2, 0]), torch.tensor([0, 2, 3]), torch.tensor([1, 2, 1]))
     assert hits.tolist() == [True, False]
