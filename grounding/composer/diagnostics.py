@@ -15,7 +15,7 @@ config (docs/composer.md).
 
 from __future__ import annotations
 
-from itertools import cycle, islice
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +92,7 @@ def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0) -> d
             yield from loader
             epoch += 1
 
-    for step, batch in enumerate(islice(cycle(batches()), steps)):
+    for step, batch in enumerate(islice(batches(), steps)):
         module.steps_taken = step  # the aux-loss ramp's clock without a Trainer
         losses = module.compute_losses(batch)
         optimizer.zero_grad()
