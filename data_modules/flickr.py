@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from grounding.training_images import flickr_file_key
@@ -30,6 +31,8 @@ from .common import (
     resolve,
 )
 from .formats import read_flickr_token_pairs, read_text, split_lines
+
+log = logging.getLogger(__name__)
 
 FLICKR_LAYOUT = """\
   Karpathy format:  <root>/dataset_flickr30k.json (or dataset_flickr8k.json) + <root>/<image_dir>/<filename>.jpg
@@ -60,6 +63,19 @@ def read_split_list(path: Path, dataset: str = "Flickr") -> list[str]:
     return [ln.strip() for ln in split_lines(text) if ln.strip()]
 
 
+def unlisted_captioned(captions: dict[str, list[str]], listed: set[str], image_dir: Path) -> dict[str, int]:
+    """Captioned file names in no split list, skipped and counted (logged, never an error): ``photos`` on disk
+    (Flickr8k's 91 photos outside the official lists; the 1,000-photo subset's 9) and ``no_photo`` names that
+    name no file (Flickr8k.token.txt's malformed ``2258277193_586949ec62.jpg.1``)."""
+    names = sorted(set(captions) - listed)
+    no_photo = [n for n in names if not (image_dir / n).is_file()]
+    counts = {"photos": len(names) - len(no_photo), "no_photo": len(no_photo)}
+    if names:
+        log.info("Flickr: %d captioned photo(s) in no split list skipped; %d caption id(s) naming no photo skipped%s",
+                 counts["photos"], counts["no_photo"], f" (e.g. {no_photo[0]!r})" if no_photo else "")
+    return counts
+
+
 class FlickrDataModule(CaptionDataModule):
     """Flickr30K / Flickr8k captions (see the module docstring).
 
@@ -67,7 +83,9 @@ class FlickrDataModule(CaptionDataModule):
     list file, default Flickr8k's official lists; val may be named "val" or "dev"), ``image_dir``
     (relative to root). With neither file set, a Karpathy file in root is used if present, else a
     token file. Real Flickr8k with only a subset of the photos: set ``captions_file`` to a token
-    file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``test_only``: train and val may be
+    file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``train_subset`` / ``val_subset`` /
+    ``test_subset``: a seeded sample of N training images / the first N dev / test images (the scaling curve; a
+    cross-encoder's affordable validation). ``test_only``: train and val may be
     empty (an evaluation-only Karpathy file such as an MCD split of ``python -m grounding.composer mcd``).
     ``exclude_eval_images``: checkpoints or image lists whose images leave val/test (see
     :class:`~data_modules.common.CaptionDataModule`). Images are keyed by their Flickr photo id (``flickr:<id>``,
@@ -85,11 +103,11 @@ class FlickrDataModule(CaptionDataModule):
                  image_size: int = 224, resize_size: int = 256,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None, test_only: bool = False,
-                 exclude_eval_images: list[str] | str | None = None):
+                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None,
+                 test_only: bool = False, exclude_eval_images: list[str] | str | None = None):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
-                         exclude_eval_images=exclude_eval_images)
+                         val_subset=val_subset, exclude_eval_images=exclude_eval_images)
         if karpathy_file and captions_file:
             raise ValueError("FlickrDataModule: set karpathy_file OR captions_file, not both")
         self.karpathy_file = karpathy_file
@@ -153,6 +171,7 @@ class FlickrDataModule(CaptionDataModule):
 
         captions = read_token_file(path, self.dataset_name)
         split_files = self.split_files or DEFAULT_SPLIT_FILES
+        listed_names: set[str] = set()
         for split, name in split_files.items():
             list_path = require_file(
                 resolve(root, name), self.dataset_name, FLICKR_LAYOUT,
@@ -163,6 +182,8 @@ class FlickrDataModule(CaptionDataModule):
             for file_name in listed:  # the split = its listed images that have captions
                 if file_name in captions:
                     splits[split].add(image_dir / file_name, captions[file_name], flickr_file_key(file_name))
+            listed_names.update(listed)
+        self.unlisted_captioned = unlisted_captioned(captions, listed_names, image_dir)
         self._captions_path = path
         return splits
 

@@ -13,9 +13,12 @@ the metrics are averaged over folds (``fold_size``; applied automatically at >= 
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy import stats
 
 DEFAULT_KS = (1, 5, 10)
 
@@ -121,6 +124,32 @@ def subset_t2i_recalls(scores: torch.Tensor, caption_image_index: torch.Tensor, 
     return {f"t2i_r{k}": 100.0 * (t2i[subset] < k).float().mean().item() for k in ks} if subset.any() else {}
 
 
+def rsum_interval(scores: torch.Tensor, caption_image_index: torch.Tensor, ks=DEFAULT_KS, n_resamples: int = 1000,
+                  confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of rsum over the test queries: the images are resampled with replacement, each
+    bringing its image->text query and its captions' text->image queries (a caption never leaves its image), so
+    i2t R@K is the mean over drawn images and t2i R@K the hits of their captions over their number
+    (scipy.stats.bootstrap, vectorised over resamples, seeded). The point estimate is :func:`recall_metrics`' rsum."""
+    i2t, t2i = retrieval_ranks(scores, caption_image_index)
+    keep = (i2t >= 0).cpu().numpy()  # images with a caption (the others are no query of either direction)
+    idx = caption_image_index.long().cpu().numpy()
+    n_img = scores.shape[0]
+    per_image = [(i2t.cpu().numpy() < k).astype(np.float64) for k in ks]
+    per_image += [np.bincount(idx, weights=(t2i.cpu().numpy() < k).astype(np.float64), minlength=n_img) for k in ks]
+    per_image.append(np.bincount(idx, minlength=n_img).astype(np.float64))
+    data = [a[keep] for a in per_image]
+    if len(data[-1]) < 2:
+        return float("nan"), float("nan")
+
+    def rsum(*arrays, axis=-1):
+        i2t_hits, t2i_hits, n_caps = arrays[:len(ks)], arrays[len(ks):-1], arrays[-1]
+        return 100.0 * (sum(h.mean(axis) for h in i2t_hits) + sum(h.sum(axis) for h in t2i_hits) / n_caps.sum(axis))
+
+    res = stats.bootstrap(tuple(data), rsum, paired=True, vectorized=True, method="percentile",
+                          n_resamples=n_resamples, confidence_level=confidence, rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 @dataclass
 class RetrievalScores:
     """What an evaluation loop scored, kept on the module (``module.scored[split]``) for the leaderboard:
@@ -130,3 +159,56 @@ class RetrievalScores:
     scores: torch.Tensor
     caption_image: torch.Tensor
     caption_index: torch.Tensor
+
+
+# A first stage for a cross-encoder's rerank: another model's test scores on the same test split, as a file.
+FIRST_STAGE_FORMAT = 1
+
+
+def save_first_stage(path, scored: RetrievalScores, captions: list[str], source: str) -> None:
+    """Write ``scored`` (a dual encoder's test scores) as a first stage: a dense (images, captions) float32 matrix in
+    the split's image order and flat caption order, with the caption texts' sha1 so that a reranker refuses another
+    test set's scores (written under a temporary name, then renamed)."""
+    from grounding.utils.io import atomic_path, sha1_of_json
+
+    matrix = torch.full((scored.scores.shape[0], len(captions)), float("-inf"))
+    matrix[:, scored.caption_index.long()] = scored.scores.float().cpu()
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save({"format": FIRST_STAGE_FORMAT, "scores": matrix, "captions_sha1": sha1_of_json(list(captions)),
+                    "source": source}, tmp)
+
+
+def load_first_stage(path, n_images: int, captions: list[str]) -> torch.Tensor:
+    """The (images, captions) matrix of :func:`save_first_stage`, checked against the split it will rerank (its image
+    count, caption count and caption texts); a ``ValueError`` naming the file and the mismatch otherwise."""
+    from grounding.utils.io import sha1_of_json
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        scores = saved["scores"]
+    except (OSError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f"first_stage_scores {path}: not a first-stage score file ({' '.join(str(e).split())[:120]}); "
+                         "write one with grounding.retrieval.save_first_stage (the leaderboard does)") from None
+    if tuple(scores.shape) != (n_images, len(captions)) or saved.get("captions_sha1") != sha1_of_json(list(captions)):
+        raise ValueError(f"first_stage_scores {path}: scores of {tuple(scores.shape)} (images, captions) from "
+                         f"{saved.get('source', '?')}, not of this test split's ({n_images}, {len(captions)}) images "
+                         "and caption texts; score the same test set with the first stage again")
+    return scores.float()
+
+
+def rerank_pairs(first: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs a reranker scores: each caption's (column's) top-``k`` images by ``first`` (I, C), as
+    (pair_image, pair_caption), k * C of each."""
+    top = first.topk(k, dim=0).indices  # (k, C)
+    return top.reshape(-1), torch.arange(first.shape[1], device=first.device).repeat(k)
+
+
+def place_reranked(first: torch.Tensor, pair_image: torch.Tensor, pair_caption: torch.Tensor,
+                   reranked: torch.Tensor) -> torch.Tensor:
+    """(I, C) scores in which each caption's reranked images rank above its other images, in the reranker's order,
+    and the others keep the first stage's order below them (``first`` shifted under the lowest reranked score)."""
+    finite = torch.isfinite(first)
+    high = first[finite].max() if finite.any() else first.new_zeros(())
+    out = first - high + reranked.min().to(first.dtype) - 1
+    out[pair_image, pair_caption] = reranked.to(out.dtype)
+    return out

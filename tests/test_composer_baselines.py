@@ -333,3 +333,24 @@ def test_vilbert_evaluation_equals_retrieval_metrics(monkeypatch):
         assert logged[f"test/{key}"] == pytest.approx(value)
     assert torch.allclose(module.scored["test"].scores, sim, atol=1e-6)
     assert "test/phrase_r1" in logged
+
+
+def test_vilbert_reranks_a_first_stage_top_k(monkeypatch):
+    """With a first stage (another model's test scores) and rerank_top_k 2 of 3 images, only 2 x 3 pairs are
+    cross-encoded; with the cross-encoder's own scores as that first stage the text->image ranking is the
+    exhaustive one, and the first stage's R@2 (the rerank's ceiling) is logged."""
+    exhaustive = ViLBERTTraining(tiny_vilbert())
+    logged_all, images, captions = _run_test_loop(exhaustive, monkeypatch)
+    sim = exhaustive.scored["test"].scores
+    module = ViLBERTTraining(tiny_vilbert(), rerank_top_k=2, first_stage_scores="given")
+    monkeypatch.setattr(module, "external_first_stage", lambda image_index: sim[image_index])
+    pairs = []
+    cross = module.net.cross
+    monkeypatch.setattr(module.net, "cross", lambda t, *a: pairs.append(len(t)) or cross(t, *a))
+    logged, _, _ = _run_test_loop(module, monkeypatch)
+    assert sum(pairs) == 2 * 3
+    for key in ("t2i_r1", "t2i_r5", "t2i_medr"):
+        assert logged[f"test/{key}"] == pytest.approx(logged_all[f"test/{key}"])
+    assert logged["test/first_stage/t2i_r2"] == pytest.approx(retrieval_metrics(sim, captions["caption_image_index"],
+                                                                                ks=(2,))["t2i_r2"])
+    assert "test/phrase_r1" not in logged  # phrase queries are not reranked

@@ -21,7 +21,8 @@ from grounding.paths import EXPERIMENTS_DIR
 # so the run stays on tiny offline data.
 WORLD_DATA = {
     "CocoCaptionsDataModule": {"root": "coco", "layout": "official", "karpathy_file": None, "exclude_eval_images": None},
-    "FlickrDataModule": {"root": "flickr", "captions_file": None, "karpathy_file": None, "exclude_eval_images": None},
+    "FlickrDataModule": {"root": "flickr", "captions_file": None, "karpathy_file": None, "image_dir": None,
+                         "exclude_eval_images": None},
     "VisualGenomeDataModule": {"root": "visual_genome", "label_mapping": None, "split_file": None, "min_triplets": 1,
                                "exclude_eval_images": None},
     "SimilarityListsDataModule": {"subtree_of": ["dog.n.01", "chair.n.01"]},
@@ -121,7 +122,8 @@ def offline_overrides(path, world, tmp_path):
     if data_name == "ComposerDataModule":  # COMPOSER: the world's Flickr layout under the caption reader
         # (an inline YAML: jsonargparse reads `null` of a nested subclass flag as the string "None")
         reader = {"class_path": "data_modules.FlickrDataModule",
-                  "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "captions_file": None}}
+                  "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "captions_file": None,
+                                "image_dir": None}}
         args += ["--config", yaml.safe_dump({"data": {"init_args": {"captions": reader}}}),
                  f"--data.init_args.world_meta={world / 'world.json'}"]
         net_class = str((model_args.get("net") or {}).get("class_path", ""))
@@ -151,9 +153,10 @@ def offline_overrides(path, world, tmp_path):
 # data or a switch (Flickr8k, COCO / C30K, + MVSA, Table 2's test settings, Table 7's degraded parses) run in the full
 # tier (`make test-full`); `make test` still instantiates every one (test_config_parses_with_print_config) and
 # runs one fast_dev_run per region source and hard-negative mode (world grid, world boxes, F30K files + pool).
-SLOW_RUNS = {"semclip/ste_wordnet.yaml", "vgbert/baseline_flickr8k.yaml",
+SLOW_RUNS = {"semclip/ste_wordnet.yaml", "vgbert/baseline_flickr8k.yaml", "vgbert/baseline_flickr8k_full.yaml",
+             "vgbert/stage1_flickr8k_full.yaml",
              *(f"composer/{m}_{d}.yaml" for m in ("composer", "vse", "vilbert", "vilbert_mvsa")
-               for d in ("flickr8k", "coco_paper", "c30k_paper")),
+               for d in ("flickr8k", "flickr8k_full", "coco_paper", "c30k_paper")),
              "composer/vilbert_mvsa_f30k_paper.yaml"}
 SLOW_FOLDERS = ("composer/table2/", "composer/table7/")
 RUNS = [pytest.param(p, marks=pytest.mark.slow) if i in SLOW_RUNS or i.startswith(SLOW_FOLDERS) else p

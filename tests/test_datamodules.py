@@ -43,14 +43,15 @@ def caps(i: int, n: int = 5) -> list[str]:
 
 def write_flickr_token(root: Path, n: int = 10) -> dict:
     """Flickr8k layout: token file, three split lists, images/. Images 0-5 train, 6-7 dev, 8-9 test;
-    image 9 is listed but has no captions; an extra captioned image is in no list."""
+    image 9 is listed but has no captions; an extra captioned image is in no list; one caption id names no photo
+    (Flickr8k.token.txt's ``2258277193_586949ec62.jpg.1``)."""
     names = [f"{1000 + i}_abc.jpg" for i in range(n)]
     for i, name in enumerate(names):
         write_jpeg(root / "images" / name, i)
     extra = "5555_zzz.jpg"
     write_jpeg(root / "images" / extra, 99)
     lines = [f"{name}#{j}\t{c}" for i, name in enumerate(names[:-1]) for j, c in enumerate(caps(i))]
-    lines += [f"{extra}#0\tnot in any split"]
+    lines += [f"{extra}#0\tnot in any split", f"{names[0]}.1#0\ta malformed id"]
     (root / "Flickr8k.token.txt").write_text("\n".join(lines) + "\n")
     (root / "Flickr_8k.trainImages.txt").write_text("\n".join(names[:6]) + "\n")
     (root / "Flickr_8k.devImages.txt").write_text("\n".join(names[6:8]) + "\n")
@@ -147,6 +148,8 @@ def test_flickr_token_format_splits_and_batches(tmp_path):
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [6, 2, 1]
     assert [p.name for p in dm.test_dataset.image_paths] == [info["names"][8]]
     assert dm.train_dataset.captions[0] == caps(0)
+    # skipped and counted, not an error: the unlisted photo, and the id that names no photo
+    assert dm.unlisted_captioned == {"photos": 1, "no_photo": 1}
 
     batch = first(dm.train_dataloader())
     assert batch["images"].shape == (3, 3, 32, 32) and batch["images"].dtype == torch.float32
@@ -162,6 +165,20 @@ def test_flickr_token_format_splits_and_batches(tmp_path):
     assert ev["caption_image_index"].tolist() == [0] * 5 + [1] * 5
     assert ev["captions"] == caps(6) + caps(7)
     assert first(dm.predict_dataloader())["image_index"].tolist() == [0]
+
+
+FLICKR8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr8k"
+
+
+@pytest.mark.skipif(not (FLICKR8K / "images-224").is_dir(), reason="../shared/data/flickr8k/images-224 is absent")
+def test_real_flickr8k_official_lists():
+    """The real benchmark's split: the official lists give 6,000 / 1,000 / 1,000 photos with 5 captions each; the
+    91 captioned photos outside the lists and the malformed id are skipped with a count."""
+    dm = FlickrDataModule(root=str(FLICKR8K), captions_file="Flickr8k.token.txt", image_dir="images-224")
+    splits = dm.read_splits(FLICKR8K)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 6000, "val": 1000, "test": 1000}
+    assert {len(c) for sp in splits.values() for c in sp.captions} == {5}
+    assert dm.unlisted_captioned == {"photos": 91, "no_photo": 1}
 
 
 def test_flickr_karpathy_format_and_index_maps(tmp_path):

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -97,11 +98,15 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "world_meta": str(tiny_world / "world.json")},
                   "out": str(tmp_path / "board"),
                   "models": [{"name": "stage 1", "config": stage1, "ckpt": ckpts["stage1"], "command": "make stage1"},
-                             {"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
+                             # a glob (the best checkpoint's name carries its epoch): the one file it matches
+                             {"name": "VSE", "config": vse, "ckpt": str(Path(ckpts["vse"]).parent / "las*.ckpt"),
+                              "command": "make vse", "encoders": "tiny CNN grid | tiny BERT"},
                              {"name": "missing", "config": vse, "ckpt": str(tmp_path / "none.ckpt"),
                               "command": "make vilbert"},
                              # a stage config that keeps a test_subset of its own: not the same test set
-                             {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"}]}
+                             {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"}],
+                  "published": [{"name": "m-CNN", "source": "Ma et al. 2015", "encoders": "VGG19 | word CNN",
+                                 "i2t": [24.8, 53.7, 67.1], "t2i": [20.3, 47.6, 61.7]}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
     board = load_leaderboard(tmp_path / "board.yaml")
     rows = {r["model"]: r for r in evaluate(board, log=lambda line: None)}
@@ -112,6 +117,8 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
             assert row[metric] == pytest.approx(own[key][metric], abs=1e-3), (name, metric)
         assert row["params_m"] > row["trainable_m"] > 0 and row["ms_per_query"] > 0
         assert row["train_minutes"] is not None and row["epochs"] == 1  # fit_record.json of the run folder
+        assert row["rsum_low"] <= row["rsum"] <= row["rsum_high"] and row["t2i_medr"] >= 1 and row["i2t_medr"] >= 1
+    assert rows["VSE"]["ckpt"] == ckpts["vse"] and "first_stage" not in rows["VSE"]  # exhaustive: no ceiling
     # the compositional captions: the same R@1 the COMPOSER-family stage logs itself
     assert rows["VSE"]["compositional_r1"] == pytest.approx(own["vse"]["compositional/t2i_r1"], abs=1e-3)
     assert rows["missing"]["status"].startswith("skipped") and rows["missing"]["command"] == "make vilbert"
@@ -119,15 +126,17 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     out = write_outputs(list(rows.values()), board)
     md = (out / "leaderboard.md").read_text()
     assert "| stage 1 |" in md and "skipped" in md and "`make vilbert`" in md
+    assert "| m-CNN | Ma et al. 2015 | VGG19 \\| word CNN | 20.3 | 47.6 | 61.7 | 24.8 | 53.7 | 67.1 | 275.2 |" in md
     table = list(csv.DictReader((out / "leaderboard.csv").open()))
-    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset"]
+    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset", "m-CNN"]
     assert json.loads((out / "leaderboard.json").read_text())["rows"][0]["status"] == "ok"
     assert (out / "leaderboard.png").stat().st_size > 1000
 
     # --only re-tests one model and keeps the other rows of the table already written
     assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--only", "missing"]) == 0
     merged = json.loads((out / "leaderboard.json").read_text())["rows"]
-    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset"] and merged[0]["status"] == "ok"
+    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset", "m-CNN"]
+    assert merged[0]["status"] == "ok" and merged[-1]["status"] == "published"
 
 
 def test_bad_test_set_is_one_line_before_any_model(tmp_path, capsys):
@@ -197,3 +206,39 @@ def test_compositional_split_path_is_absolute_for_the_reader(tmp_path, monkeypat
     args = split_captions(captions, "out/mcd.json")["init_args"]
     assert args["karpathy_file"] == str(tmp_path / "out" / "mcd.json") and args["test_only"] and args["captions_file"] is None
     assert captions["init_args"] == {"root": "../elsewhere", "captions_file": "x"}  # the test set is not changed
+
+
+def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, monkeypatch):
+    """``first_stage: VSE`` + ``rerank_top_k: 2``: ViLBERT-style cross-encodes each test caption with VSE's top 2 of
+    the 5 test images only. Reranking inside the top 2 moves no image across rank 2, and the rest keep VSE's order,
+    so text->image R@5 and R@10 are VSE's; the logged ceiling is VSE's R@2 on the same queries."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
+    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
+    vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
+                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
+                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+    ckpts = {"vse": _fit(vse, tmp_path / "run_vse"), "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
+    board_yaml = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
+                  "models": [{"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
+                             {"name": "ViLBERT-style", "config": vilbert, "ckpt": ckpts["vilbert"],
+                              "command": "make vilbert", "first_stage": "VSE", "rerank_top_k": 2}]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
+    rows = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), only=["ViLBERT-style"],
+                                             log=lambda line: None)}
+    assert set(rows) == {"VSE", "ViLBERT-style"}  # --only of a reranker tests its first stage too
+    row, first = rows["ViLBERT-style"], rows["VSE"]
+    assert row["status"] == "ok", row["status"]
+    ceiling = row["logged"]["first_stage/t2i_r2"]
+    assert first["t2i_r1"] - 1e-3 <= ceiling <= first["t2i_r5"] + 1e-3 and row["t2i_r1"] <= ceiling + 1e-3
+    for key in ("t2i_r5", "t2i_r10"):
+        assert row[key] == pytest.approx(first[key], abs=1e-3)
+    assert row["first_stage"] == f"VSE, R@2 {ceiling:.1f}"
+    # a first stage must be a suite row listed before the reranker
+    board_yaml["models"].reverse()
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(board_yaml))
+    with pytest.raises(LeaderboardError, match="first_stage 'VSE' must name a suite model listed before it"):
+        load_leaderboard(tmp_path / "bad.yaml")

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from grounding.retrieval import retrieval_metrics, retrieval_ranks
+from grounding.retrieval import (
+    RetrievalScores,
+    load_first_stage,
+    place_reranked,
+    rerank_pairs,
+    retrieval_metrics,
+    retrieval_ranks,
+    rsum_interval,
+    save_first_stage,
+)
 
 
 def test_ranks_hand_computed():
@@ -73,3 +82,47 @@ def test_bad_shapes_are_explained():
         retrieval_ranks(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="must lie in"):
         retrieval_ranks(torch.zeros(2, 3), torch.tensor([0, 1, 2]))
+
+
+def test_rsum_interval_hand_cases():
+    """Images are resampled with their captions. Two images, one caption each: image 0's queries rank their match
+    first both ways (600), image 1's second of two (R@1 0, R@5 and R@10 100 in each direction: 400). A draw of two
+    image-0s scores 600, of two image-1s 400, a mix 500 (the point); the 95 % percentile interval spans the two
+    extremes (each drawn with probability 1/4)."""
+    scores = torch.tensor([[1.0, 0.0], [0.0, -1.0]])  # caption 1 prefers image 0, image 1 prefers caption 0
+    caption_image = torch.tensor([0, 1])
+    assert retrieval_metrics(scores, caption_image)["rsum"] == 500.0
+    low, high = rsum_interval(scores, caption_image, n_resamples=2000)
+    assert (low, high) == (400.0, 600.0)
+    # a perfect scorer has no spread; the same seed gives the same interval
+    perfect = torch.eye(3).repeat_interleave(2, dim=1)
+    assert rsum_interval(perfect, torch.arange(3).repeat_interleave(2)) == (600.0, 600.0)
+    rng = torch.Generator().manual_seed(0)
+    noisy, idx = torch.randn(20, 60, generator=rng), torch.arange(20).repeat_interleave(3)
+    a, b = rsum_interval(noisy, idx, seed=3), rsum_interval(noisy, idx, seed=3)
+    assert a == b and a[0] < retrieval_metrics(noisy, idx)["rsum"] < a[1]
+
+
+def test_rerank_places_the_top_k_above_the_rest_hand_computed():
+    first = torch.tensor([[0.9, 0.1], [0.5, 0.7], [0.2, 0.3]])  # (3 images, 2 captions)
+    pair_image, pair_caption = rerank_pairs(first, 2)
+    assert sorted(zip(pair_image.tolist(), pair_caption.tolist())) == [(0, 0), (1, 0), (1, 1), (2, 1)]
+    reranked = torch.tensor([-5.0, -3.0, 8.0, 9.0])  # any range: the reranker's own scores of those pairs
+    out = place_reranked(first, pair_image, pair_caption, reranked)
+    # caption 0: image 1 (-3) above image 0 (-5) above the unreranked image 2; caption 1: image 2 (9) above 1 (8)
+    assert out[:, 0].argsort(descending=True).tolist() == [1, 0, 2]
+    assert out[:, 1].argsort(descending=True).tolist() == [2, 1, 0]
+
+
+def test_first_stage_file_round_trip_and_refusal(tmp_path):
+    scored = RetrievalScores(torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([0, 0, 1]),
+                             torch.tensor([2, 0, 1]))  # columns in another order than the split's captions
+    texts = ["a dog", "a cat", "a bird"]
+    save_first_stage(tmp_path / "first.pt", scored, texts, "VSE")
+    loaded = load_first_stage(tmp_path / "first.pt", 2, texts)
+    assert loaded.tolist() == [[2.0, 3.0, 1.0], [5.0, 6.0, 4.0]]  # column j = caption j
+    with pytest.raises(ValueError, match="not of this test split"):
+        load_first_stage(tmp_path / "first.pt", 2, ["a dog", "a cat", "a fish"])
+    (tmp_path / "bad.pt").write_text("not a tensor file")
+    with pytest.raises(ValueError, match="not a first-stage score file"):
+        load_first_stage(tmp_path / "bad.pt", 2, texts)

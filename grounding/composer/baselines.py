@@ -27,6 +27,7 @@ from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_
 from grounding.losses import vse_hinge_loss
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity, full_precision
+from grounding.retrieval import place_reranked, rerank_pairs
 
 from .hard_negatives import HARD_NEGATIVE_MODES
 from .losses import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
@@ -148,8 +149,9 @@ class VSETraining(RegionRetrievalModule):
         return losses["loss"]
 
     @torch.no_grad()
-    def score_caption_batch(self, batch, regions, region_mask, split="test"):
-        """cos(x, y) of every image and caption of the batch, and of every image and phrase query."""
+    def score_caption_batch(self, batch, regions, region_mask, split="test", first=None):
+        """cos(x, y) of every image and caption of the batch, and of every image and phrase query (exhaustive: a
+        first stage is not used)."""
         images = self.net.encode_images(regions, region_mask)
         dev = regions.device
         sentence = dot_similarity(images, self.net.encode_texts(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev)))
@@ -281,22 +283,29 @@ class ViLBERTTraining(RegionRetrievalModule):
     paper's sum). ``concept_reduction`` as COMPOSER's. Evaluation: every (image, caption) pair cross-encoded, and
     every phrase query's text against every image (Table 5's phrase R@1; ``eval_phrases``: ``test`` only, the
     default, since phrases multiply a validation's cross-encoder pairs up to 6x; ``always``; ``never``),
-    ``eval_pair_chunk`` pairs at a time.
+    ``eval_pair_chunk`` pairs at a time. ``rerank_top_k`` with ``first_stage_scores`` (test only): only each
+    caption's top-K images by that first stage are cross-encoded (:class:`RegionRetrievalModule`); phrase queries
+    are then not scored.
     """
 
     def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
                  mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
                  eval_pair_chunk: int = 2048, eval_phrases: str = "test", new_layer_lr_scale: float = 1.0,
-                 train_recall_images: int | None = None, feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 train_recall_images: int | None = None, rerank_top_k: int | None = None,
+                 first_stage_scores: str | None = None, feature_cache: bool = True, feature_cache_dir: str | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images)
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images, first_stage_scores)
+        if rerank_top_k is not None and rerank_top_k < 1:
+            raise ValueError(f"rerank_top_k must be >= 1 (or null: every pair); got {rerank_top_k}")
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
             raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVE_MODES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
         if eval_phrases not in EVAL_PHRASES:
             raise ValueError(f"eval_phrases must be one of {EVAL_PHRASES}; got {eval_phrases!r}")
-        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "eval_pair_chunk", "eval_phrases"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "eval_pair_chunk", "eval_phrases",
+                                          "rerank_top_k", "first_stage_scores"])
+        self.rerank_top_k = rerank_top_k
         self.net = self.adopt_net(net)
         self.hard_negatives = hard_negatives
         self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
@@ -365,6 +374,18 @@ class ViLBERTTraining(RegionRetrievalModule):
         return losses["loss"]
 
     @torch.no_grad()
+    def reranked_scores(self, ids, mask, regions, region_mask, first: torch.Tensor) -> torch.Tensor:
+        """(I, C): each caption cross-encoded with its top-``rerank_top_k`` images by ``first`` (I, C), which rank
+        above the others (:func:`grounding.retrieval.place_reranked`); ``eval_pair_chunk`` pairs at a time."""
+        pair_image, pair_caption = rerank_pairs(first, self.rerank_top_k)
+        text = self.net.encode_texts(ids, mask)
+        out = regions.new_empty(len(pair_image))
+        for start in range(0, len(out), self.eval_pair_chunk):
+            pi, pc = pair_image[start:start + self.eval_pair_chunk], pair_caption[start:start + self.eval_pair_chunk]
+            out[start:start + len(pi)] = self.net.cross(text[pc], mask[pc], regions[pi], region_mask[pi]).to(out.dtype)
+        return place_reranked(first.to(out.dtype), pair_image, pair_caption, out)
+
+    @torch.no_grad()
     def all_pair_scores(self, ids, mask, regions, region_mask) -> torch.Tensor:
         """s(x, y) of every image and text (I, T), ``eval_pair_chunk`` cross-encoder pairs at a time."""
         n_img, n_text = len(regions), len(ids)
@@ -379,9 +400,14 @@ class ViLBERTTraining(RegionRetrievalModule):
             out[start:start + len(pi)] = self.net.cross(text[pt], mask[pt], regions[pi], region_mask[pi]).to(out.dtype)
         return out.view(n_img, n_text)
 
-    def score_caption_batch(self, batch, regions, region_mask, split="test"):
-        """Every caption, and every phrase query (``eval_phrases``), cross-encoded with every image."""
+    def score_caption_batch(self, batch, regions, region_mask, split="test", first=None):
+        """Every caption, and every phrase query (``eval_phrases``), cross-encoded with every image; with a first stage
+        and ``rerank_top_k``, each caption with its top-K images only."""
         dev = regions.device
+        if first is not None and self.rerank_top_k is not None and self.rerank_top_k < len(regions):
+            self.first_stage_batches.append(first.T)
+            return self.reranked_scores(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev), regions,
+                                        region_mask, first), None
         sentence = self.all_pair_scores(batch["caption_ids"].to(dev), batch["caption_mask"].to(dev), regions, region_mask)
         wanted = self.eval_phrases == "always" or self.eval_phrases == "test" and split == "test"
         phrases = None

@@ -17,7 +17,8 @@ from lightning.pytorch import Callback
 
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.retrieval import RetrievalScores, retrieval_metrics
+from grounding.paths import resolve_path
+from grounding.retrieval import RetrievalScores, load_first_stage, retrieval_metrics
 
 from .diagnostics import train_recall
 from .evaluation import composer_metrics, phrase_hits, primitive_first_stage, score_captions
@@ -35,13 +36,19 @@ class RegionRetrievalModule(GroundingModule):
     evaluation over the two eval loaders (the split's images, then caption batches scored against every image
     by :meth:`score_caption_batch`) with :func:`composer_metrics`. The network must expose ``backbone``,
     ``region_source``, ``placeholder_base`` and ``embed_regions``.
+
+    ``first_stage_scores`` (test only): another model's scores of the same test split
+    (:func:`grounding.retrieval.save_first_stage`; the leaderboard writes them for a row's ``first_stage``); a
+    cross-encoder with ``rerank_top_k`` then scores only each caption's top-K images by it, and the first stage's
+    recall@K, the rerank's ceiling, is logged as ``test/first_stage/t2i_r{K}``.
     """
 
     monitor = "val/rsum"
     monitor_mode = "max"
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None,
-                 new_layer_lr_scale: float = 1.0, train_recall_images: int | None = None):
+                 new_layer_lr_scale: float = 1.0, train_recall_images: int | None = None,
+                 first_stage_scores: str | None = None):
         super().__init__(optimizer, lr_scheduler)
         if not new_layer_lr_scale > 0:
             raise ValueError(f"new_layer_lr_scale must be > 0; got {new_layer_lr_scale}")
@@ -49,6 +56,7 @@ class RegionRetrievalModule(GroundingModule):
             raise ValueError(f"train_recall_images must be at least 2 (or null: off); got {train_recall_images}")
         self.new_layer_lr_scale = new_layer_lr_scale
         self.train_recall_images = train_recall_images
+        self.first_stage_scores = first_stage_scores
         self._eval: dict[str, dict[str, list]] = {}
         self.first_stage_batches: list[torch.Tensor] = []  # a reranking model's first-stage scores (C_batch, I)
         self.scored: dict[str, RetrievalScores] = {}  # the last test's score matrix (the leaderboard reads it)
@@ -95,9 +103,10 @@ class RegionRetrievalModule(GroundingModule):
 
     # ---------------------------------------------------------------- evaluation
     def score_caption_batch(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, split: str = "test",
-                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                            first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(sentence scores (I, C), phrase scores (I, Q) or None) of one caption batch against all I images of
-        ``split`` (val / test)."""
+        ``split`` (val / test); ``first`` (I, C): a first stage's scores of these pairs (``first_stage_scores``),
+        for a reranker."""
         raise NotImplementedError
 
     def _eval_step(self, batch, dataloader_idx: int, split: str):
@@ -109,6 +118,12 @@ class RegionRetrievalModule(GroundingModule):
             store["image_index"].append(batch["image_index"])
         else:  # caption batches, composed with every image at the epoch's end
             store["captions"].append({k: v.cpu() for k, v in batch.items()})
+
+    def external_first_stage(self, image_index: torch.Tensor) -> torch.Tensor:
+        """``first_stage_scores`` checked against the test split and cut to the images evaluated here (I, N)."""
+        dataset = self.trainer.datamodule.test_dataset
+        texts = [c for caps in dataset.captions for c in caps]
+        return load_first_stage(resolve_path(self.first_stage_scores), len(dataset), texts)[image_index.cpu()]
 
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         self._eval_step(batch, dataloader_idx, "val")
@@ -135,8 +150,10 @@ class RegionRetrievalModule(GroundingModule):
         sentence, caption_ids, caption_image, compositional = [], [], [], []
         hit_batches = []
         self.first_stage_batches = []
+        external = self.external_first_stage(image_index) if split == "test" and self.first_stage_scores else None
         for batch in store["captions"]:
-            s, p = self.score_caption_batch(batch, regions, mask, split)
+            first_stage = external[:, batch["captions"].long()].to(regions.device) if external is not None else None
+            s, p = self.score_caption_batch(batch, regions, mask, split, first=first_stage)
             sentence.append(s.T)
             caption_ids.append(batch["captions"].to(s.device))
             caption_image.append(batch["caption_image_index"].to(s.device))
@@ -204,10 +221,10 @@ class ComposerTraining(RegionRetrievalModule):
                  order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
                  hard_negatives: str = "batch", aux_ramp_steps: int = 0, new_layer_lr_scale: float = 1.0,
                  train_recall_images: int | None = None,
-                 rerank_top_k: int | None = None, eval_image_chunk: int = 64, feature_cache: bool = True,
-                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
-                 lr_scheduler: LRSchedulerCallable | None = None):
-        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images)
+                 rerank_top_k: int | None = None, first_stage_scores: str | None = None, eval_image_chunk: int = 64,
+                 feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
+        super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images, first_stage_scores)
         if aux_ramp_steps < 0:
             raise ValueError(f"aux_ramp_steps must be >= 0; got {aux_ramp_steps}")
         if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
@@ -216,7 +233,8 @@ class ComposerTraining(RegionRetrievalModule):
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVES}; got {hard_negatives!r}")
         # Evaluation knobs stay out of the checkpoint: LightningCLI re-applies a checkpoint's hyperparameters
         # over the command line, and `test --ckpt_path ... --model.init_args.rerank_top_k K` must take effect.
-        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "eval_image_chunk"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "first_stage_scores",
+                                          "eval_image_chunk"])
         self.net = self.adopt_net(net)
         self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
         self.order_margin, self.order_weight = order_margin, order_weight
@@ -287,12 +305,13 @@ class ComposerTraining(RegionRetrievalModule):
                 self.log(f"train/{name}", losses[name], batch_size=b)
         return losses["loss"]
 
-    def score_caption_batch(self, batch, regions, region_mask, split="test"):
-        """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``; the first stage's
-        scores are kept for its recall@K, the rerank's ceiling)."""
-        first = None
+    def score_caption_batch(self, batch, regions, region_mask, split="test", first=None):
+        """Every caption composed with every image (or the first stage's top-K, ``rerank_top_k``: ``first``, another
+        model's scores, else the mean primitive score; the first stage's scores are kept for its recall@K, the
+        rerank's ceiling)."""
         if self.rerank_top_k is not None and self.rerank_top_k < len(regions):
-            first = primitive_first_stage(self.net, batch, regions, region_mask, self.eval_image_chunk)
+            if first is None:
+                first = primitive_first_stage(self.net, batch, regions, region_mask, self.eval_image_chunk)
             self.first_stage_batches.append(first.T)
         return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k, first)
 

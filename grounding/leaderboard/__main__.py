@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from grounding.errors import user_errors_exit
-from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, write_outputs
+from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, table_rows, write_outputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:  # a partial run updates its rows of the table already there
         rows = merge_rows(rows, args.out or board.out, board)
     out = write_outputs(rows, board, args.out)
-    print(markdown_table(rows, board.test_set), end="")
+    print(markdown_table(table_rows(rows, board), board.test_set), end="")
     print(f"wrote {out}/leaderboard.md, .csv, .json and .png", file=sys.stderr)
     return 1 if failed else 0
 

@@ -13,6 +13,16 @@ A leaderboard YAML (``experiments/leaderboard/*.yaml``)::
          ckpt: outputs/composer/world/checkpoints/last.ckpt, command: make composer}
       - {name: SemCLIP, paper: SemCLIP, command: make semclip,
          semclip: {vlm: suite:..., transform: .../transform.pt, ste: .../embedding}, runs: [...]}
+    published:                                  # rows quoted from papers, printed below the suite's
+      - {name: m-CNN, source: "Ma et al. 2015", encoders: "VGG19 | word CNN",
+         i2t: [24.8, 53.7, 67.1], t2i: [20.3, 47.6, 61.7]}
+
+A cross-encoder row may rerank another row's scores: ``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the
+first stage is tested first; its scores of the same test set reach the cross-encoder's test loop as
+``first_stage_scores``, and its recall@K, the rerank's ceiling, is printed beside the row). A model's ``ckpt`` may
+be a glob (``outputs/x/checkpoints/best-*.ckpt``: the checkpoint selected on the validation split, whose name
+carries its epoch); it must match exactly one file. ``encoders`` (optional): the row's image and
+text encoders, printed in the table.
 
 A LightningModule's row: ``python -m grounding test --config <config> --ckpt_path <ckpt>`` with one override, the
 test set's caption DataModule as the stage's ``data`` (VG-BERT's caption stages) or as COMPOSER's
@@ -24,10 +34,12 @@ captions naming one of the world's held-out attribute–object pairs, or, with `
 test run on that split (an MCD split of real data). SemCLIP's row: its content store (the test set's training
 captions as the text bank, the test images ingested by Eq. 7, each test caption a query) on its VLM.
 
-Columns: the recalls and rsum, compositional R@1, training time and epochs (``fit_record.json`` of the model's
-run folders, summed), parameters (all, and trainable when trained by the suite), and milliseconds per text
-query (the whole test run's wall time over its captions: image encoding included, caches warm after a first
-run). A model whose files are missing is a skipped row naming the command that makes them.
+Columns: the recalls and rsum with its 95 % bootstrap interval (:func:`grounding.retrieval.rsum_interval`: test
+images resampled with their captions), the median ranks, the rerank's ceiling for a cross-encoder that reranks a
+first stage's top K (``first_stage/t2i_r{K}``, logged by its test loop), compositional R@1, training time and
+epochs (``fit_record.json`` of the model's run folders, summed), parameters (all, and trainable when trained by
+the suite), and milliseconds per text query (the whole test run's wall time over its captions: image encoding
+included, caches warm after a first run). A model whose files are missing is a skipped row naming the command that makes them.
 """
 
 from __future__ import annotations
@@ -53,7 +65,7 @@ from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
 from grounding.paths import resolve_path
-from grounding.retrieval import RetrievalScores, retrieval_metrics, subset_t2i_recalls
+from grounding.retrieval import RetrievalScores, retrieval_metrics, rsum_interval, save_first_stage, subset_t2i_recalls
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
@@ -62,8 +74,10 @@ from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json,
 
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
 RECALLS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
-COLUMNS = ("model", "paper", *RECALLS, "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m",
-           "ms_per_query", "status", "command")
+COLUMNS = ("model", "paper", "encoders", *RECALLS, "rsum_low", "rsum_high", "t2i_medr", "i2t_medr", "first_stage",
+           "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m", "ms_per_query", "status", "command",
+           "ckpt")
+BOOTSTRAP_RESAMPLES = 1000
 # a row's recalls and the stage's own logged test metrics agree to this (percent points; float32 logging)
 AGREEMENT = 1e-3
 
@@ -97,11 +111,48 @@ class ModelEntry:
     ckpt: str | None = None
     semclip: dict | None = None
     runs: list[str] = field(default_factory=list)
+    encoders: str = ""
+    first_stage: str | None = None
+    rerank_top_k: int | None = None
+
+    def checkpoint(self) -> Path | None:
+        """``ckpt`` resolved; a glob must match exactly one file (None when it matches none)."""
+        if not self.ckpt:
+            return None
+        if not any(c in self.ckpt for c in "*?["):
+            return resolve_path(self.ckpt)
+        pattern = resolve_path(self.ckpt)
+        found = sorted(pattern.parent.glob(pattern.name)) if pattern.parent.is_dir() else []
+        if len(found) > 1:
+            raise LeaderboardError(f"{self.name}: ckpt {self.ckpt} matches {len(found)} files "
+                                   f"({', '.join(f.name for f in found[:3])}); keep one or name it")
+        return found[0] if found else None
 
     def run_folders(self) -> list[Path]:
         if self.runs:
             return [resolve_path(r) for r in self.runs]
-        return [resolve_path(self.ckpt).parent.parent] if self.ckpt else []
+        ckpt = resolve_path(self.ckpt) if self.ckpt else None
+        return [ckpt.parent.parent] if ckpt is not None else []
+
+
+@dataclass
+class PublishedRow:
+    """A result quoted from a paper on the same benchmark: recalls at 1 / 5 / 10 each way, its source and encoders."""
+
+    name: str
+    source: str
+    i2t: list[float]
+    t2i: list[float]
+    encoders: str = ""
+    note: str = ""
+
+    def row(self) -> dict:
+        row = {"model": self.name, "paper": self.source, "encoders": self.encoders, "status": "published",
+               "command": self.note}
+        for direction, values in (("i2t", self.i2t), ("t2i", self.t2i)):
+            row.update({f"{direction}_r{k}": float(v) for k, v in zip((1, 5, 10), values)})
+        row["rsum"] = sum(self.i2t) + sum(self.t2i)
+        return row
 
 
 @dataclass
@@ -110,6 +161,7 @@ class Leaderboard:
     models: list[ModelEntry]
     out: str
     source: str = ""
+    published: list[PublishedRow] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -147,17 +199,46 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
             raise LeaderboardError(f"{where}: expected a mapping (name, command, config + ckpt or semclip)")
         entry = ModelEntry(name=_need(m, "name", str, where), command=_need(m, "command", str, where),
                            paper=str(m.get("paper") or ""), config=m.get("config"), ckpt=m.get("ckpt"),
-                           semclip=m.get("semclip"), runs=list(m.get("runs") or []))
+                           semclip=m.get("semclip"), runs=list(m.get("runs") or []),
+                           encoders=str(m.get("encoders") or ""), first_stage=m.get("first_stage"),
+                           rerank_top_k=m.get("rerank_top_k"))
+        if (entry.first_stage is None) != (entry.rerank_top_k is None) or (
+                entry.rerank_top_k is not None and not (isinstance(entry.rerank_top_k, int) and entry.rerank_top_k >= 1)):
+            raise LeaderboardError(f"{where} ({entry.name}): give `first_stage` (another row's name) and `rerank_top_k` "
+                                   f"(an integer >= 1) together; got {entry.first_stage!r} and {entry.rerank_top_k!r}")
         if entry.semclip is None and not (entry.config and entry.ckpt):
             raise LeaderboardError(f"{where} ({entry.name}): give `config` and `ckpt` (a suite LightningModule) or "
                                    "`semclip` (vlm, transform, ste)")
         if entry.semclip is not None and not all(isinstance(entry.semclip.get(k), str) for k in ("vlm", "transform", "ste")):
             raise LeaderboardError(f"{where} ({entry.name}): semclip needs vlm, transform and ste paths")
         models.append(entry)
-    names = [m.name for m in models]
+    published = [_published(p, f"{path}: published[{i}]") for i, p in enumerate(cfg.get("published") or [])]
+    names = [m.name for m in models] + [p.name for p in published]
     if len(set(names)) != len(names):
         raise LeaderboardError(f"{path}: model names must be distinct; got {names}")
-    return Leaderboard(test_set, models, str(cfg.get("out") or f"reports/leaderboard/{test_set.name}"), str(path))
+    for i, m in enumerate(models):
+        earlier = {e.name: e for e in models[:i]}
+        if m.first_stage is not None and (m.first_stage not in earlier or earlier[m.first_stage].semclip is not None
+                                          or earlier[m.first_stage].first_stage is not None):
+            allowed = sorted(k for k, e in earlier.items() if e.semclip is None and e.first_stage is None)
+            raise LeaderboardError(f"{path}: {m.name}'s first_stage {m.first_stage!r} must name a suite model listed "
+                                   f"before it that reranks nothing; one of {allowed}")
+    return Leaderboard(test_set, models, str(cfg.get("out") or f"reports/leaderboard/{test_set.name}"), str(path),
+                       published)
+
+
+def _published(p, where: str) -> PublishedRow:
+    if not isinstance(p, dict):
+        raise LeaderboardError(f"{where}: expected a mapping (name, source, i2t, t2i)")
+    recalls = {}
+    for key in ("i2t", "t2i"):
+        values = p.get(key)
+        if not (isinstance(values, list) and len(values) == 3
+                and all(isinstance(v, (int, float)) and 0 <= v <= 100 for v in values)):
+            raise LeaderboardError(f"{where}: `{key}` must be [R@1, R@5, R@10] in percent; got {values!r}")
+        recalls[key] = [float(v) for v in values]
+    return PublishedRow(_need(p, "name", str, where), _need(p, "source", str, where), recalls["i2t"], recalls["t2i"],
+                        str(p.get("encoders") or ""), str(p.get("note") or ""))
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -192,7 +273,8 @@ def _missing_files(entry: ModelEntry) -> list[str]:
         if spec.startswith("suite:"):
             files.append(spec.removeprefix("suite:"))
     else:
-        files = [entry.ckpt]
+        ckpt = entry.checkpoint()
+        return [] if ckpt is not None and ckpt.exists() else [entry.ckpt]
     return [f for f in files if not resolve_path(f).exists()]
 
 
@@ -283,7 +365,10 @@ def _count(module: torch.nn.Module) -> tuple[float, float]:
 
 def _scored_row(scored, texts: list[str], world_meta: str | None) -> dict:
     """Recalls of a kept score matrix, and compositional R@1 over the world's held-out-pair captions."""
-    row = {k: retrieval_metrics(scored.scores, scored.caption_image)[k] for k in RECALLS}
+    metrics = retrieval_metrics(scored.scores, scored.caption_image)
+    row = {k: metrics[k] for k in (*RECALLS, "t2i_medr", "i2t_medr")}
+    row["rsum_low"], row["rsum_high"] = rsum_interval(scored.scores, scored.caption_image,
+                                                      n_resamples=BOOTSTRAP_RESAMPLES)
     if world_meta:
         mask = torch.from_numpy(held_out_pair_mask([texts[int(i)] for i in scored.caption_index], resolve_path(world_meta)))
         row["compositional_r1"] = subset_t2i_recalls(scored.scores, scored.caption_image, mask, ks=(1,)).get("t2i_r1")
@@ -291,15 +376,18 @@ def _scored_row(scored, texts: list[str], world_meta: str | None) -> dict:
 
 
 def _stage_test(entry: ModelEntry, data_class: str, captions: dict, world_meta: str | None, workdir,
-                reference: Reference, what: str = ""):
+                reference: Reference, what: str = "", first_stage: Path | None = None):
     """The stage's own test loop on ``captions``, checked to have scored exactly the reference's captions.
     Returns the CLI, the kept score matrix, the split's flat caption texts and the loop's seconds."""
     name = f"{entry.name}{what}"
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            cli = run_test_subcommand(entry.config, entry.ckpt, workdir, [_caption_override(data_class, captions, world_meta)],
-                                      TIMER_ARGS)
+            overrides = [_caption_override(data_class, captions, world_meta)]
+            if first_stage is not None:
+                overrides.append({"model": {"init_args": {"first_stage_scores": str(first_stage),
+                                                          "rerank_top_k": entry.rerank_top_k}}})
+            cli = run_test_subcommand(entry.config, str(entry.checkpoint()), workdir, overrides, TIMER_ARGS)
     except SystemExit as e:  # jsonargparse's usage error: its last line says what
         last = next((ln for ln in reversed(err.getvalue().splitlines()) if ln.strip()), f"exit status {e.code}")
         raise LeaderboardError(f"{name}: `python -m grounding test` stopped: {last.strip()}") from None
@@ -316,15 +404,20 @@ def _stage_test(entry: ModelEntry, data_class: str, captions: dict, world_meta: 
 
 
 def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, reference: Reference,
-                   compositional_reference: Reference | None = None) -> dict:
-    """A suite LightningModule's row: its own test loop on the test set (and on the compositional split)."""
+                   compositional_reference: Reference | None = None, first_stage: dict | None = None,
+                   ) -> tuple[dict, dict]:
+    """A suite LightningModule's row: its own test loop on the test set (and on the compositional split), reranking
+    ``first_stage`` ({"test": file, "comp": file} of :func:`grounding.retrieval.save_first_stage`) when given.
+    Returns the row and the score matrices it tested with their caption texts ({"test": ..., "comp": ...})."""
     try:
         cfg = resolved_config(entry.config)
     except ConfigError as e:
         raise LeaderboardError(f"{entry.name}: {e}") from None
     data_class = str((cfg.get("data") or {}).get("class_path"))
+    first_stage = first_stage or {}
     cli, scored, texts, seconds = _stage_test(entry, data_class, test_set.captions, test_set.world_meta, workdir,
-                                              reference)
+                                              reference, first_stage=first_stage.get("test"))
+    kept = {"test": (scored, texts)}
     row = _scored_row(scored, texts, test_set.world_meta)
     logged = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
     off = {k: (row[k], logged[k]) for k in RECALLS if k in logged and abs(row[k] - logged[k]) > AGREEMENT}
@@ -334,12 +427,17 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
     row["params_m"], row["trainable_m"] = _count(net)
     row["ms_per_query"] = 1000.0 * seconds / max(len(texts), 1)
     row["logged"] = logged
+    row["ckpt"] = str(entry.checkpoint())
+    first = sorted(k for k in logged if k.startswith("first_stage/t2i_r"))
+    if first:  # a reranked test: the first stage's recall@K on the same queries, the rerank's ceiling
+        row["first_stage"] = f"R@{first[0].removeprefix('first_stage/t2i_r')} {logged[first[0]]:.1f}"
     if compositional_reference is not None:
         split = split_captions(test_set.captions, test_set.compositional_split)
-        _, comp, _, _ = _stage_test(entry, data_class, split, None, workdir, compositional_reference,
-                                    " (compositional split)")
+        _, comp, comp_texts, _ = _stage_test(entry, data_class, split, None, workdir, compositional_reference,
+                                             " (compositional split)", first_stage=first_stage.get("comp"))
         row["compositional_r1"] = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
-    return row
+        kept["comp"] = (comp, comp_texts)
+    return row, kept
 
 
 def _semclip_scores(entry: ModelEntry, dm, bank: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
@@ -386,12 +484,21 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
     log(f"test set {board.test_set.name}: {reference.images} images, {reference.captions} captions"
         + (f"; compositional split {comp_reference.images} / {comp_reference.captions}" if comp_reference else ""))
     rows = []
+    if only:  # a reranking row needs its first stage's scores of this run
+        by_name = {m.name: m for m in board.models}
+        only = set(only) | {by_name[n].first_stage for n in only if by_name[n].first_stage}
+    kept: dict[str, dict] = {}  # suite model -> its score matrices, for the rows that rerank them
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as workdir:
         for entry in board.models:
             if only and entry.name not in only:
                 continue
-            row = {"model": entry.name, "paper": entry.paper, "command": entry.command}
-            missing = _missing_files(entry)
+            row = {"model": entry.name, "paper": entry.paper, "encoders": entry.encoders, "command": entry.command}
+            try:
+                missing = _missing_files(entry)
+            except LeaderboardError as e:  # a ckpt glob matching several files: this row's error
+                missing, row["status"] = [], f"error: {e}"
+                rows.append(row)
+                continue
             if missing:
                 row["status"] = f"skipped: no {missing[0]}"
                 log(f"{entry.name}: skipped ({row['status'][9:]}); make it with `{entry.command}`")
@@ -399,8 +506,15 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 continue
             start = time.perf_counter()
             try:
-                row.update(evaluate_semclip(entry, board.test_set, dm, comp_dm) if entry.semclip is not None
-                           else evaluate_stage(entry, board.test_set, workdir, reference, comp_reference))
+                if entry.semclip is not None:
+                    row.update(evaluate_semclip(entry, board.test_set, dm, comp_dm))
+                else:
+                    first = _first_stage_files(entry, kept, workdir)
+                    stage_row, kept[entry.name] = evaluate_stage(entry, board.test_set, workdir, reference,
+                                                                 comp_reference, first)
+                    row.update(stage_row)
+                    if entry.first_stage:
+                        row["first_stage"] = f"{entry.first_stage}, {row.get('first_stage') or f'top {entry.rerank_top_k}'}"
                 row["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one model's failure is its row's error line, the others still run
                 row["status"] = f"error: {' '.join(str(e).split())[:300]}"
@@ -409,6 +523,20 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 + f" ({time.perf_counter() - start:.0f}s)")
             rows.append(row)
     return rows
+
+
+def _first_stage_files(entry: ModelEntry, kept: dict, workdir) -> dict | None:
+    """The first stage's score matrices of this run written as files for ``entry``'s rerank (None: no rerank)."""
+    if not entry.first_stage:
+        return None
+    if entry.first_stage not in kept:
+        raise LeaderboardError(f"its first stage {entry.first_stage} has no scores in this run (skipped or failed); "
+                               "make that model first")
+    files = {}
+    for split, (scored, texts) in kept[entry.first_stage].items():
+        files[split] = Path(workdir) / f"first_stage-{sha1_of_json([entry.first_stage, split])[:12]}.pt"
+        save_first_stage(files[split], scored, texts, entry.first_stage)
+    return files
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -420,16 +548,33 @@ def _fmt(key: str, value) -> str:
     return str(value)
 
 
+def _rsum_cell(row: dict) -> str:
+    if row.get("rsum_low") is None or row.get("rsum_high") is None:
+        return _fmt("rsum", row.get("rsum"))
+    return f"{row['rsum']:.1f} [{row['rsum_low']:.1f}, {row['rsum_high']:.1f}]"
+
+
+def _medr_cell(row: dict) -> str:
+    if row.get("t2i_medr") is None:
+        return "–"
+    return f"{row['t2i_medr']:g} / {row['i2t_medr']:g}"
+
+
 def markdown_table(rows: list[dict], test_set: TestSet) -> str:
+    """Suite rows (with a command when skipped or failed), then published rows (``status: published``)."""
     comp = "comp. R@1" + (" (held-out pairs)" if test_set.world_meta else " (MCD split)" if test_set.compositional_split else "")
-    head = ["model", "paper", "t2i R@1", "R@5", "R@10", "i2t R@1", "R@5", "R@10", "rsum", comp, "train min",
-            "epochs", "params M", "trainable M", "ms/query"]
-    keys = ["model", "paper", *RECALLS, "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m",
-            "ms_per_query"]
+    head = ["model", "paper", "encoders (image \\| text)", "t2i R@1", "R@5", "R@10", "i2t R@1", "R@5", "R@10",
+            "rsum [95 % CI]", "medr t2i / i2t", "first stage", comp, "train min", "epochs", "params M", "trainable M",
+            "ms/query"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        if row.get("status") == "ok":
-            lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k in keys) + " |")
+        if row.get("status") in ("ok", "published"):
+            cells = [_fmt(k, row.get(k)) for k in ("model", "paper")] + [row.get("encoders") or "–"]
+            cells += [_fmt(k, row.get(k)) for k in RECALLS[:-1]] + [_rsum_cell(row), _medr_cell(row)]
+            cells += [row.get("first_stage") or "–"]
+            cells += [_fmt(k, row.get(k)) for k in ("compositional_r1", "train_minutes", "epochs", "params_m",
+                                                     "trainable_m", "ms_per_query")]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         else:
             reason = row.get("status", "").replace("|", "\\|")
             lines.append(f"| {row['model']} | {row.get('paper', '')} | {reason}: `{row['command']}` |"
@@ -437,13 +582,23 @@ def markdown_table(rows: list[dict], test_set: TestSet) -> str:
     return "\n".join(lines) + "\n"
 
 
+def table_rows(rows: list[dict], board: Leaderboard) -> list[dict]:
+    """The suite's rows followed by the YAML's published rows."""
+    return list(rows) + [p.row() for p in board.published]
+
+
 def plot_bars(rows: list[dict], path: str | Path, title: str) -> Path:
-    """rsum of every evaluated model as bars (compositional R@1 beside it when known); skipped rows left out."""
-    ok = [r for r in rows if r.get("status") == "ok"]
+    """rsum of every evaluated model as bars with its 95 % interval (published results in grey, compositional R@1
+    beside a suite row when known); skipped rows left out."""
+    ok = [r for r in rows if r.get("status") in ("ok", "published")]
     fig = Figure(figsize=(max(6.0, 1.1 * len(ok) + 2), 4.2), dpi=120)
     ax = fig.add_subplot()
     x = range(len(ok))
-    ax.bar([i - 0.2 for i in x], [r["rsum"] for r in ok], width=0.4, color="tab:blue", label="rsum (of 600)")
+    err = [[r["rsum"] - r["rsum_low"] if r.get("rsum_low") is not None else 0.0 for r in ok],
+           [r["rsum_high"] - r["rsum"] if r.get("rsum_high") is not None else 0.0 for r in ok]]
+    colours = ["tab:gray" if r["status"] == "published" else "tab:blue" for r in ok]
+    ax.bar([i - 0.2 for i in x], [r["rsum"] for r in ok], width=0.4, color=colours, yerr=err, capsize=2,
+           label="rsum (of 600; grey: published)")
     ax2 = ax.twinx()
     known = [i for i, r in enumerate(ok) if r.get("compositional_r1") is not None]  # unknown: no bar, not a zero
     ax2.bar([i + 0.2 for i in known], [ok[i]["compositional_r1"] for i in known], width=0.4, color="tab:orange",
@@ -485,7 +640,7 @@ def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None =
     """``leaderboard.md``, ``leaderboard.csv``, ``leaderboard.json`` and ``leaderboard.png`` (each atomically)."""
     out = Path(out or board.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [_finite(r) for r in rows]
+    rows = [_finite(r) for r in table_rows(rows, board)]
     title = f"Leaderboard: {board.test_set.name}"
     md = markdown_table(rows, board.test_set)
     atomic_write_text(out / "leaderboard.md", f"# {title}\n\nFrom `{board.source}`.\n\n{md}")
