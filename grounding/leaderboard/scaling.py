@@ -1,0 +1,196 @@
+"""The scaling curve: each model of a leaderboard trained on growing subsets of its training photos, tested on the
+same test set, rsum (with its 95 % bootstrap interval) against the number of training photos.
+
+``python -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models VSE ...
+--photos 750 1500 3000 6000 [--fit]``: for every model and size N, the run folder ``<runs>/<model>/n<N>`` holds a
+fit of the model's own config with the training split cut to a seeded sample of N photos (the caption DataModule's
+``train_subset``: the same sample for every model); ``--fit`` makes the missing ones (``python -m grounding fit``,
+one after another). A size that is the whole training split uses the leaderboard row's own checkpoint. Every run is
+then tested by the leaderboard's code on the test set (without the compositional split), and the table
+(``scaling.md``, ``.csv``, ``.json``) and the plot (``scaling.png``) are written to ``--out``. A size whose run is
+missing is a row naming the command that makes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+from matplotlib.figure import Figure
+
+from grounding.cli import ConfigError, resolved_config
+from grounding.errors import user_errors_exit
+from grounding.leaderboard.board import (
+    COMPOSER_DATA,
+    Leaderboard,
+    LeaderboardError,
+    ModelEntry,
+    evaluate,
+    load_leaderboard,
+    reference_data,
+)
+from grounding.paths import resolve_path
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
+
+COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "train_minutes", "epochs", "status",
+           "command")
+
+
+def slug(name: str) -> str:
+    """A folder name for a model name ("CLIP-style dual encoder" -> "clip-style_dual_encoder")."""
+    return re.sub(r"[^a-z0-9+-]+", "_", name.lower()).strip("_")
+
+
+def subset_override(config: str, photos: int) -> dict:
+    """The config override that trains on a seeded sample of ``photos`` training images: the caption DataModule's
+    ``train_subset`` (inside COMPOSER's DataModule, its ``captions``)."""
+    try:
+        data_class = str((resolved_config(config).get("data") or {}).get("class_path"))
+    except ConfigError as e:
+        raise LeaderboardError(str(e)) from None
+    if data_class == COMPOSER_DATA:
+        return {"data": {"init_args": {"captions": {"init_args": {"train_subset": photos}}}}}
+    return {"data": {"init_args": {"train_subset": photos}}}
+
+
+def fit_command(entry: ModelEntry, photos: int, folder: Path) -> list[str]:
+    return [sys.executable, "-m", "grounding", "fit", "--config", entry.config, "--config",
+            yaml.safe_dump(subset_override(entry.config, photos), default_flow_style=True).strip(),
+            "--trainer.default_root_dir", str(folder)]
+
+
+def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], runs: Path, train_photos: int,
+                    fit: bool, log=print) -> list[tuple[str, int, ModelEntry | None, str]]:
+    """(model, N, the entry to test or None when its run is missing, the command that makes it) for every model and
+    size; with ``fit`` the missing runs are fit first."""
+    by_name = {m.name: m for m in board.models}
+    out = []
+    for name in models:
+        entry = by_name.get(name)
+        if entry is None or entry.semclip is not None or entry.first_stage is not None:
+            allowed = sorted(m.name for m in board.models if m.semclip is None and m.first_stage is None)
+            raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config without a "
+                                   f"first stage; one of {allowed}")
+        for n in photos:
+            if n >= train_photos:  # the whole training split: the leaderboard row's own run
+                out.append((name, train_photos, entry, entry.command))
+                continue
+            folder = runs / slug(name) / f"n{n}"
+            cmd = fit_command(entry, n, folder)
+            shown = f"python {' '.join(cmd[1:7])} '{cmd[7]}' {' '.join(cmd[8:])}"
+            scaled = replace(entry, name=f"{name} @ {n}", ckpt=str(folder / "checkpoints" / "best-*.ckpt"), runs=[],
+                             command=shown)
+            if scaled.checkpoint() is None and fit:
+                log(f"{name} @ {n} photos: fitting ({shown})")
+                subprocess.run(cmd, check=True)
+            out.append((name, n, scaled if scaled.checkpoint() is not None else None, shown))
+    return out
+
+
+def run_scaling(board: Leaderboard, models: list[str], photos: list[int], runs: Path, fit: bool = False,
+                log=print) -> list[dict]:
+    """The scaling rows: every model at every size, tested on the board's test set (no compositional split)."""
+    dm = reference_data(board.test_set)
+    train_photos = len(dm.train_dataset)
+    planned = scaling_entries(board, models, sorted(set(photos)), runs, train_photos, fit, log)
+    test_set = replace(board.test_set, compositional_split=None)
+    present = [replace(e, name=f"{name} @ {n}") for name, n, e, _ in planned if e is not None]
+    tested = {r["model"]: r for r in evaluate(Leaderboard(test_set, present, board.out, board.source), log=log)} \
+        if present else {}
+    rows = []
+    for name, n, entry, command in planned:
+        row = tested.get(f"{name} @ {n}") if entry is not None else None
+        base = {"model": name, "photos": n, "command": command}
+        rows.append({**base, "status": f"skipped: no run for {n} photos"} if row is None
+                    else {**base, **{k: row.get(k) for k in COLUMNS if k not in base}})
+    return rows
+
+
+def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
+    """rsum against training photos (log scale), one line per model, the 95 % intervals as error bars."""
+    fig = Figure(figsize=(6.4, 4.2), dpi=120)
+    ax = fig.add_subplot()
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ok = sorted((r for r in rows if r["model"] == model and r.get("status") == "ok"), key=lambda r: r["photos"])
+        if not ok:
+            continue
+        x = [r["photos"] for r in ok]
+        y = [r["rsum"] for r in ok]
+        err = [[r["rsum"] - r["rsum_low"] for r in ok], [r["rsum_high"] - r["rsum"] for r in ok]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=model)
+    ax.set_xscale("log", base=2)
+    xs = sorted({r["photos"] for r in rows})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.set_xlabel("training photos")
+    ax.set_ylabel("test rsum (of 600), 95 % interval")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    return path
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | training photos | rsum [95 % CI] | t2i R@1 | i2t R@1 | train min | epochs |", "|" + "---|" * 7]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['model']} | {r['photos']} | {r.get('status')}: `{r['command']}` | | | | |")
+            continue
+        minutes = "–" if r.get("train_minutes") is None else f"{r['train_minutes']:.1f}"
+        lines.append(f"| {r['model']} | {r['photos']} | {r['rsum']:.1f} [{r['rsum_low']:.1f}, {r['rsum_high']:.1f}] | "
+                     f"{r['t2i_r1']:.1f} | {r['i2t_r1']:.1f} | {minutes} | {r.get('epochs') or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_scaling(rows: list[dict], out: Path, board: Leaderboard) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+    title = f"Scaling: {board.test_set.name}"
+    atomic_write_text(out / "scaling.md", f"# {title}\n\nFrom `{board.source}`.\n\n{markdown(clean)}")
+    atomic_write_csv(out / "scaling.csv", clean, COLUMNS)
+    atomic_write_json(out / "scaling.json", {"source": board.source, "rows": clean}, indent=2)
+    plot_scaling(clean, out / "scaling.png", title)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grounding.leaderboard.scaling", allow_abbrev=False,
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="experiments/leaderboard/flickr8k_full.yaml", help="a leaderboard YAML")
+    p.add_argument("--models", nargs="+", required=True, metavar="NAME", help="leaderboard model names")
+    p.add_argument("--photos", nargs="+", type=int, default=[750, 1500, 3000, 6000], help="training-set sizes")
+    p.add_argument("--runs", default="outputs/scaling", help="run folders: <runs>/<model>/n<N>")
+    p.add_argument("--out", default=None, help="report folder (default: reports/scaling/<test set>)")
+    p.add_argument("--fit", action="store_true", help="fit the missing runs first (one after another)")
+    args = p.parse_args(argv)
+    if any(n < 1 for n in args.photos):
+        print(f"error: --photos must be positive; got {args.photos}", file=sys.stderr)
+        return 2
+    try:
+        board = load_leaderboard(args.config)
+        rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
+    except LeaderboardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as e:
+        print(f"error: a scaling fit failed (exit status {e.returncode}): {' '.join(map(str, e.cmd))}", file=sys.stderr)
+        return 1
+    out = write_scaling(rows, Path(args.out or f"reports/scaling/{board.test_set.name}"), board)
+    print(markdown(rows), end="")
+    print(f"wrote {out}/scaling.md, .csv, .json and .png", file=sys.stderr)
+    return 1 if any(str(r.get("status", "")).startswith("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    with user_errors_exit("python -m grounding.leaderboard.scaling"):
+        sys.exit(main())
