@@ -314,11 +314,24 @@ def stage_config_parser(cls: type, section: str) -> ArgumentParser:
     return p
 
 
+def read_config_yaml(file: Path):
+    """A config file's YAML; a syntax error or unreadable bytes: :class:`ConfigError` naming the file, line and column."""
+    try:
+        return yaml.safe_load(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {e.start}); save the config as UTF-8 YAML") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error ({problem}); fix the file") from None
+
+
 def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
     file = Path(path)
     if not file.is_file():
         return ["--config", path]  # jsonargparse reports it (or it is an inline YAML string)
-    cfg = yaml.safe_load(file.read_text())
+    cfg = read_config_yaml(file)
     if not isinstance(cfg, dict) or "base" not in cfg:
         return ["--config", path]
     base = (file.parent / cfg.pop("base")).resolve()

@@ -74,6 +74,8 @@ def inputs(tiny_world, tmp_path_factory):
         p.write_bytes(b"not a jpeg")
     (d / "empty").mkdir()
     (d / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
+    (d / "syntax.yaml").write_text("model:\n  init_args: [\n  bad: 1\n")  # an unclosed flow sequence
+    (d / "tabs.yaml").write_text("trainer:\n\tmax_epochs: 1\n")  # a tab where YAML wants spaces
 
     def stage(name: str, base: str, data: dict, model: dict | None = None) -> Path:
         path = d / f"{name}.yaml"
@@ -149,6 +151,9 @@ def _cases(i):
          str(d / "garbage.ckpt"), "Fix:"),
         ("option_typo", g, ["fit", "--config", s1, "--trainer.max_epoch", "1"], "--trainer.max_epoch", "--help"),
         ("config_missing", g, ["fit", "--config", str(d / "none.yaml")], "none.yaml", ""),
+        ("config_yaml_syntax", g, ["fit", "--config", str(d / "syntax.yaml")], "syntax.yaml:4:1", "fix the file"),
+        ("config_yaml_tab", g, ["test", "--config", s1, "--config", str(d / "tabs.yaml")], "tabs.yaml:2:1",
+         "fix the file"),
         ("text_encoder_weights_missing", g,
          ["fit", "--config", s1, "--model.init_args.net.init_args.text_encoder", "bert-base-uncased"],
          "bert-base-uncased", "HF_HUB_OFFLINE"),
@@ -182,7 +187,8 @@ def _cases(i):
 BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_lists_missing",
                     "flickr_captions_file_missing", "flickr_not_utf8", "flickr_malformed_line", "init_from_missing",
                     "init_from_not_a_checkpoint", "init_from_of_another_stage", "ckpt_path_missing", "ckpt_path_not_a_checkpoint",
-                    "ckpt_path_last_without_run", "option_typo", "config_missing", "world_meta_missing", "ste_missing",
+                    "ckpt_path_last_without_run", "option_typo", "config_missing", "config_yaml_syntax", "config_yaml_tab",
+                    "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 
 CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "vlm": "", "stage1": "", "stage1_flickr": "",
