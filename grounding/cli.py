@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -166,6 +167,7 @@ class GroundingCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand:  # a command that will read the data (run=False only builds the objects)
+            check_values(config)
             check_inputs_early(config, self.subcommand)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
@@ -200,6 +202,47 @@ def checkpoint_options(module_class) -> dict[str, tuple[str, tuple[str, ...]] | 
     dict of option -> pair (GroundingPretrain's ``visual_init_from``: a stage-0 checkpoint)."""
     declared = getattr(module_class, "init_from_checkpoint", None)
     return {"init_from": None, **(declared if isinstance(declared, dict) else {"init_from": declared})}
+
+
+# Option values refused when parsed, before anything is built: key name -> (the test, what is expected). A key is
+# matched by its last name anywhere under model / data (``eval_batch_size`` by its ``batch_size`` ending).
+VALUE_RULES = {
+    "batch_size": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    "num_workers": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+    "temperature": (lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0"),
+    "lr": (lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0"),
+    "rerank_top_k": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1 (or null: every pair)"),
+    "max_epochs": (lambda v: isinstance(v, int) and (v >= 1 or v == -1), "an integer >= 1 (-1: no limit)"),
+}
+
+
+def _value_rule(key: str):
+    return VALUE_RULES.get("batch_size" if key.endswith("batch_size") else key)
+
+
+def check_values(config) -> None:
+    """Values no run can use, refused as one line before any model is built: batch sizes < 1, ``num_workers`` < 0, a
+    temperature or learning rate <= 0, ``rerank_top_k`` < 1, ``max_epochs`` < 1, a GPU accelerator on a machine
+    without one. Null values are left alone (they mean "off" or "the default")."""
+    def walk(node, path: str):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+            return
+        rule = _value_rule(path.rsplit(".", 1)[-1])
+        if rule is not None and node is not None and not (not isinstance(node, bool) and rule[0](node)):
+            raise ConfigError(f"--{path.lstrip('.')} {node!r}: expected {rule[1]}; fix the config or the option")
+
+    for section in ("model", "data"):
+        if config.get(section) is not None:
+            walk(config[section].as_dict() if hasattr(config[section], "as_dict") else config[section], section)
+    trainer = config.get("trainer")
+    if trainer is not None:
+        walk({"max_epochs": trainer.get("max_epochs")}, "trainer")
+        accelerator = str(trainer.get("accelerator") or "auto").lower()
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU; use "
+                              "--trainer.accelerator cpu (or auto)")
 
 
 def check_inputs_early(config, subcommand: str | None) -> None:

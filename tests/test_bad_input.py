@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 # imported at collection, not under a test's capture: Lightning binds its log handler to the stderr of the moment
@@ -152,6 +153,14 @@ def _cases(i):
         ("option_typo", g, ["fit", "--config", s1, "--trainer.max_epoch", "1"], "--trainer.max_epoch", "--help"),
         ("config_missing", g, ["fit", "--config", str(d / "none.yaml")], "none.yaml", ""),
         ("config_yaml_syntax", g, ["fit", "--config", str(d / "syntax.yaml")], "syntax.yaml:4:1", "fix the file"),
+        ("batch_size_zero", g, ["fit", "--config", s1, "--data.init_args.batch_size", "0"], "batch_size 0", ">= 1"),
+        ("temperature_negative", g, ["fit", "--config", s1, "--model.init_args.temperature", "-1"], "temperature",
+         "> 0"),
+        ("lr_zero", g, ["fit", "--config", s1, "--model.init_args.optimizer.init_args.lr", "0"], "lr 0.0", "> 0"),
+        ("num_workers_negative", g, ["fit", "--config", s1, "--data.init_args.num_workers", "-1"], "num_workers",
+         ">= 0"),
+        ("max_epochs_zero", g, ["fit", "--config", s1, "--trainer.max_epochs", "0"], "max_epochs 0", ">= 1"),
+        ("gpu_without_one", g, ["fit", "--config", s1, "--trainer.accelerator", "gpu"], "accelerator gpu", "cpu"),
         ("config_yaml_tab", g, ["test", "--config", s1, "--config", str(d / "tabs.yaml")], "tabs.yaml:2:1",
          "fix the file"),
         ("text_encoder_weights_missing", g,
@@ -188,6 +197,8 @@ BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_li
                     "flickr_captions_file_missing", "flickr_not_utf8", "flickr_malformed_line", "init_from_missing",
                     "init_from_not_a_checkpoint", "init_from_of_another_stage", "ckpt_path_missing", "ckpt_path_not_a_checkpoint",
                     "ckpt_path_last_without_run", "option_typo", "config_missing", "config_yaml_syntax", "config_yaml_tab",
+                    "batch_size_zero", "temperature_negative", "lr_zero", "num_workers_negative", "max_epochs_zero",
+                    "gpu_without_one",
                     "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 
@@ -201,6 +212,8 @@ def test_bad_input_is_one_message_exit_2_and_loses_nothing(case, inputs, earlier
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("GROUNDING_DEBUG", raising=False)
     _, module, argv, names, fix = next(c for c in _cases(inputs) if c[0] == case)
+    if case == "gpu_without_one" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
     root, unchanged = earlier
     if case in BEFORE_ANY_MODEL:
         from lightning.pytorch import LightningModule
