@@ -77,6 +77,8 @@ def inputs(tiny_world, tmp_path_factory):
     (d / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (d / "syntax.yaml").write_text("model:\n  init_args: [\n  bad: 1\n")  # an unclosed flow sequence
     (d / "tabs.yaml").write_text("trainer:\n\tmax_epochs: 1\n")  # a tab where YAML wants spaces
+    (d / "word_similarity").mkdir()
+    (d / "word_similarity" / "pairs.txt").write_text("cat\tdog\t3.5\nnot a pair line\n")
 
     def stage(name: str, base: str, data: dict, model: dict | None = None) -> Path:
         path = d / f"{name}.yaml"
@@ -89,9 +91,9 @@ def inputs(tiny_world, tmp_path_factory):
     coco = {"init_args": {"root": str(world / "coco"), "batch_size": 8, "eval_batch_size": 8}}
     flickr = {"class_path": "data_modules.FlickrDataModule",
               "init_args": {"root": str(world / "flickr"), "karpathy_file": None, "batch_size": 8, "eval_batch_size": 8}}
-    from semclip_helpers import tiny_baseline_ckpt
+    from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
 
-    return {"dir": d, "world": world, "vlm": f"suite:{tiny_baseline_ckpt(d / 'vlm')}",
+    return {"dir": d, "world": world, "vlm": f"suite:{tiny_baseline_ckpt(d / 'vlm')}", "ste": tiny_world_ste(d / "ste"),
             "stage1": stage("stage1", "vgbert/stage1_tiny.yaml", coco),
             "stage1_flickr": stage("stage1_flickr", "vgbert/stage1_tiny.yaml", flickr),
             "stage2": stage("stage2", "vgbert/stage2_tiny.yaml",
@@ -177,6 +179,9 @@ def _cases(i):
                             "--data.init_args.ste", str(d / "no_ste")], str(d / "no_ste"), "train"),
         ("vlm_checkpoint_missing", g, ["fit", "--config", str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k.yaml"),
                                        "--data.init_args.vlm", f"suite:{d / 'none.ckpt'}"], str(d / "none.ckpt"), ""),
+        ("semclip_report_word_similarity_malformed", "grounding.semclip",
+         ["report", "--ste", str(i["ste"]), "--word-similarity", str(d / "word_similarity"),
+          "--out", str(d / "r")], "pairs.txt:2", "fix the file"),
         ("semclip_report_ste_missing", "grounding.semclip", ["report", "--ste", str(d / "no_ste"), "--out", str(d / "r")],
          str(d / "no_ste"), "make ste"),
         ("search_query_image_missing", "grounding.vgbert.search",
@@ -202,7 +207,7 @@ BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_li
                     "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 
-CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "vlm": "", "stage1": "", "stage1_flickr": "",
+CASE_IDS = [c[0] for c in _cases({"dir": Path("."), "world": Path("."), "vlm": "", "ste": "", "stage1": "", "stage1_flickr": "",
                                    "stage2": ""})]
 
 

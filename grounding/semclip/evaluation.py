@@ -35,7 +35,7 @@ from scipy import stats
 
 from data_modules.wordnet_lists import SimilarityListConfig, SimilarityLists, config_key, lemma_surface, load_or_build
 from grounding.encoders import load_text_encoder, load_tokenizer
-from grounding.errors import MissingInputError
+from grounding.errors import MissingInputError, UserInputError
 from grounding.lexicon import wordnet
 from grounding.paths import cache_dir, shared_data_dir
 from grounding.semclip.ste import STEEmbedding
@@ -396,6 +396,29 @@ def is_simlex(path: str | Path) -> bool:
     return "simlex" in Path(path).stem.lower()
 
 
+class WordSimilarityFileError(UserInputError, ValueError):
+    """A word-similarity file with a line that is not ``w1<TAB>w2<TAB>score`` (the message names file and line)."""
+
+
+def check_word_similarity_files(folder: Path, required: bool = True) -> list[Path]:
+    """The ``*.txt`` files of a word-similarity folder, each read once (``w1<TAB>w2<TAB>score`` lines): a missing
+    folder, no file, or a malformed line is a :class:`MissingInputError` / :class:`WordSimilarityFileError` naming it (only when
+    ``required``: the shared folder may be absent from a user's clone, and the report then leaves its table out)."""
+    files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    if not files:
+        if required:
+            raise MissingInputError(f"No word-similarity files (*.txt, w1<TAB>w2<TAB>score) in {folder}; give "
+                                    "--word-similarity a folder of them")
+        return []
+    for path in files:
+        if read_simlex_release(path) is None:
+            try:
+                read_word_similarity(path)
+            except ValueError as e:
+                raise WordSimilarityFileError(f"{e}; fix the file or leave it out of {folder}") from None
+    return files
+
+
 def benchmark_datasets(files: Sequence[Path], wn=None) -> tuple[list[tuple[str, list]], dict]:
     """``(name, pairs)`` of every file, SimLex-999 followed by its noun subset (``<stem>-N``); with the subset's
     derivation (:func:`simlex_noun_subset`) per SimLex file."""
@@ -529,6 +552,9 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
     encoders' noun forms (default: from WordNet 3.0)."""
 
     sample = sample if sample is not None else max_queries
+    # the word-similarity files first: a missing or malformed one stops the report before minutes of work
+    ws_dir = Path(word_similarity) if word_similarity else shared_data_dir() / "word-similarity"
+    files = check_word_similarity_files(ws_dir, required=bool(word_similarity))
     wn = wn if wn is not None else wordnet()
     t0 = time.perf_counter()
     emb = STEEmbedding.load(ste)
@@ -561,10 +587,6 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
         timings[f"{name}_coverage_s"] = round(time.perf_counter() - t, 1)
         print(f"{name} synonym coverage: {coverage[-1]} ({timings[f'{name}_coverage_s']}s)", flush=True)
 
-    ws_dir = Path(word_similarity) if word_similarity else shared_data_dir() / "word-similarity"
-    files = sorted(p for p in ws_dir.glob("*.txt")) if ws_dir.is_dir() else []
-    if word_similarity and not files:
-        raise MissingInputError(f"No word-similarity files (*.txt, w1<TAB>w2<TAB>score) in {ws_dir}")
     datasets, subset_notes = benchmark_datasets(files, wn)
     scorers: dict[str, Callable] = {"STE": lambda a, b: ste_pair_similarity(emb, a, b, wn)}
     for name, (embedder, vectors, index) in encoder_vectors.items():
