@@ -158,6 +158,8 @@ class GroundingCLI(LightningCLI):
                 require_checkpoint_file(section.ckpt_path, "--ckpt_path",
                                         "give a .ckpt file of the run (outputs/<run>/checkpoints/last.ckpt), or `last` / "
                                         "`best` with the run's --trainer.default_root_dir")
+                model = section.get("model")
+                check_checkpoint_class(section.ckpt_path, model.get("class_path") if model is not None else None)
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -194,6 +196,37 @@ def _class_of(class_path) -> type | None:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError):
         return None  # the normal run reports it
+
+
+def checkpoint_class(path: str | Path) -> str | None:
+    """The LightningModule class a checkpoint records (``hyper_parameters._class_path``, written by the CLI)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable file is reported where it is loaded
+        return None
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    return hparams.get("_class_path") if isinstance(hparams, dict) else None
+
+
+def checkpoint_compatible(recorded: str, named: str) -> bool:
+    """A checkpoint of class ``recorded`` may run under a config naming ``named``: the same class, or two classes of
+    one declared ``checkpoint_family`` (COMPOSER and its baselines share their data and evaluation: Table 2's test
+    configs are COMPOSER's and test any of them)."""
+    if recorded == named:
+        return True
+    family = [getattr(_class_of(c), "checkpoint_family", None) for c in (recorded, named)]
+    return family[0] is not None and family[0] == family[1]
+
+
+def check_checkpoint_class(path: str | Path, named: str | None) -> None:
+    """``--ckpt_path`` of another model is refused (LightningCLI would swap in the checkpoint's class and write its
+    numbers into this run's folder): one :class:`ConfigError` naming both classes."""
+    recorded = checkpoint_class(path)
+    if recorded is None or named is None or checkpoint_compatible(recorded, named):
+        return
+    raise ConfigError(f"--ckpt_path {path} is a checkpoint of {recorded}, but the config names {named}; give a "
+                      f"checkpoint of {named.rpartition('.')[2]} (or the config {recorded.rpartition('.')[2]} was "
+                      "trained with)")
 
 
 def checkpoint_options(module_class) -> dict[str, tuple[str, tuple[str, ...]] | None]:

@@ -27,7 +27,8 @@ def test_leaderboard_yamls_name_configs_that_parse(path):
     board = load_leaderboard(path)
     assert len(board.models) >= 6 and board.test_set.captions["class_path"] == "data_modules.FlickrDataModule"
     for entry in board.models:
-        assert "make " in entry.command  # a make target (the Flickr8k search heads: after a Visual Genome stage 2)
+        # a make target or the fit that makes it (the Flickr8k search heads: after a Visual Genome stage 2)
+        assert "make " in entry.command or entry.command == f"python -m grounding fit --config {entry.config}"
         if entry.config:
             cfg = resolved_config(entry.config)  # parses as `python -m grounding test` would
             assert cfg["model"]["class_path"] and cfg["data"]["class_path"]
@@ -104,7 +105,9 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
                              {"name": "missing", "config": vse, "ckpt": str(tmp_path / "none.ckpt"),
                               "command": "make vilbert"},
                              # a stage config that keeps a test_subset of its own: not the same test set
-                             {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"}],
+                             {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"},
+                             # another model's checkpoint: an error, never that model's numbers under this name
+                             {"name": "wrong", "config": stage1, "ckpt": ckpts["vse"], "command": "make stage1"}],
                   "published": [{"name": "m-CNN", "source": "Ma et al. 2015", "encoders": "VGG19 | word CNN",
                                  "i2t": [24.8, 53.7, 67.1], "t2i": [20.3, 47.6, 61.7]}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
@@ -123,19 +126,20 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     assert rows["VSE"]["compositional_r1"] == pytest.approx(own["vse"]["compositional/t2i_r1"], abs=1e-3)
     assert rows["missing"]["status"].startswith("skipped") and rows["missing"]["command"] == "make vilbert"
     assert rows["subset"]["status"].startswith("error") and "not the test set's" in rows["subset"]["status"]
+    assert rows["wrong"]["status"].startswith("error") and "is a checkpoint of" in rows["wrong"]["status"]
     out = write_outputs(list(rows.values()), board)
     md = (out / "leaderboard.md").read_text()
     assert "| stage 1 |" in md and "skipped" in md and "`make vilbert`" in md
     assert "| m-CNN | Ma et al. 2015 | VGG19 \\| word CNN | 20.3 | 47.6 | 61.7 | 24.8 | 53.7 | 67.1 | 275.2 |" in md
     table = list(csv.DictReader((out / "leaderboard.csv").open()))
-    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset", "m-CNN"]
+    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset", "wrong", "m-CNN"]
     assert json.loads((out / "leaderboard.json").read_text())["rows"][0]["status"] == "ok"
     assert (out / "leaderboard.png").stat().st_size > 1000
 
     # --only re-tests one model and keeps the other rows of the table already written
     assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--only", "missing"]) == 0
     merged = json.loads((out / "leaderboard.json").read_text())["rows"]
-    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset", "m-CNN"]
+    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset", "wrong", "m-CNN"]
     assert merged[0]["status"] == "ok" and merged[-1]["status"] == "published"
 
 

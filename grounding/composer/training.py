@@ -45,6 +45,8 @@ class RegionRetrievalModule(GroundingModule):
 
     monitor = "val/rsum"
     monitor_mode = "max"
+    # a checkpoint of any of them tests under another's config (grounding.cli.checkpoint_compatible)
+    checkpoint_family = "composer-region-retrieval"
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None,
                  new_layer_lr_scale: float = 1.0, train_recall_images: int | None = None,

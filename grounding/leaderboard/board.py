@@ -60,7 +60,7 @@ import yaml
 from lightning.pytorch import Callback
 from matplotlib.figure import Figure
 
-from grounding.cli import ConfigError, resolved_config, run_test_subcommand
+from grounding.cli import ConfigError, checkpoint_class, resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
@@ -414,6 +414,10 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
     except ConfigError as e:
         raise LeaderboardError(f"{entry.name}: {e}") from None
     data_class = str((cfg.get("data") or {}).get("class_path"))
+    named, recorded = str((cfg.get("model") or {}).get("class_path")), checkpoint_class(entry.checkpoint())
+    if recorded is not None and recorded != named:  # stricter than the CLI: a row publishes its own model's numbers
+        raise LeaderboardError(f"{entry.name}: its ckpt {entry.checkpoint()} is a checkpoint of {recorded}, but its "
+                               f"config names {named}; give the row its own model's checkpoint")
     first_stage = first_stage or {}
     cli, scored, texts, seconds = _stage_test(entry, data_class, test_set.captions, test_set.world_meta, workdir,
                                               reference, first_stage=first_stage.get("test"))
