@@ -7,6 +7,7 @@ read checkpoints through here.
 
 from __future__ import annotations
 
+import importlib
 import zipfile
 from pathlib import Path
 
@@ -29,6 +30,32 @@ def require_checkpoint_file(path: str | Path, what: str, fix: str) -> Path:
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{what} {path} is not a complete PyTorch checkpoint (truncated by a killed copy or "
                               f"run, or another kind of file). Fix: {fix}.")
+    return path
+
+
+def checkpoint_class(path: str | Path) -> str | None:
+    """The LightningModule class a checkpoint records (``hyper_parameters._class_path``, written by the CLI)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable file is reported where it is loaded
+        return None
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    return hparams.get("_class_path") if isinstance(hparams, dict) else None
+
+
+def require_checkpoint_of(path: str | Path, cls: type, what: str, fix: str) -> Path:
+    """:func:`require_checkpoint_file`, and the class the checkpoint records is ``cls`` (or a subclass): another
+    model's checkpoint raises :class:`CheckpointError` naming both classes and ``fix``."""
+    path = require_checkpoint_file(path, what, fix)
+    recorded = checkpoint_class(path)
+    if recorded is not None:
+        module, _, name = recorded.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            found = None
+        if not (isinstance(found, type) and issubclass(found, cls)):
+            raise CheckpointError(f"{what} {path} is a checkpoint of {recorded}, not of {cls.__name__}. Fix: {fix}.")
     return path
 
 

@@ -27,7 +27,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from grounding.checkpoints import check_stage_checkpoint, require_checkpoint_file
+from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
@@ -196,16 +196,6 @@ def _class_of(class_path) -> type | None:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError):
         return None  # the normal run reports it
-
-
-def checkpoint_class(path: str | Path) -> str | None:
-    """The LightningModule class a checkpoint records (``hyper_parameters._class_path``, written by the CLI)."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - an unreadable file is reported where it is loaded
-        return None
-    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
-    return hparams.get("_class_path") if isinstance(hparams, dict) else None
 
 
 def checkpoint_compatible(recorded: str, named: str) -> bool:

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from grounding.utils.io import atomic_path, sha1_of_json
+
 DEFAULT_KS = (1, 5, 10)
 
 
@@ -169,8 +171,6 @@ def save_first_stage(path, scored: RetrievalScores, captions: list[str], source:
     """Write ``scored`` (a dual encoder's test scores) as a first stage: a dense (images, captions) float32 matrix in
     the split's image order and flat caption order, with the caption texts' sha1 so that a reranker refuses another
     test set's scores (written under a temporary name, then renamed)."""
-    from grounding.utils.io import atomic_path, sha1_of_json
-
     matrix = torch.full((scored.scores.shape[0], len(captions)), float("-inf"))
     matrix[:, scored.caption_index.long()] = scored.scores.float().cpu()
     with atomic_path(path, suffix=".pt") as tmp:
@@ -181,8 +181,6 @@ def save_first_stage(path, scored: RetrievalScores, captions: list[str], source:
 def load_first_stage(path, n_images: int, captions: list[str]) -> torch.Tensor:
     """The (images, captions) matrix of :func:`save_first_stage`, checked against the split it will rerank (its image
     count, caption count and caption texts); a ``ValueError`` naming the file and the mismatch otherwise."""
-    from grounding.utils.io import sha1_of_json
-
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         scores = saved["scores"]

@@ -60,7 +60,8 @@ import yaml
 from lightning.pytorch import Callback
 from matplotlib.figure import Figure
 
-from grounding.cli import ConfigError, checkpoint_class, resolved_config, run_test_subcommand
+from grounding.checkpoints import checkpoint_class
+from grounding.cli import ConfigError, resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD

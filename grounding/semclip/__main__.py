@@ -27,6 +27,7 @@ import numpy as np
 from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
+from grounding.checkpoints import require_checkpoint_of
 from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
@@ -56,6 +57,8 @@ def _build_lists(args):
 
 
 def _export(args):
+    require_checkpoint_of(args.ckpt, SemanticTextEmbedding, "export --ckpt",
+                          "give a checkpoint of the STE stage (`make ste` writes outputs/semclip/ste_wordnet/checkpoints)")
     module = SemanticTextEmbedding.load_from_checkpoint(args.ckpt, map_location="cpu")
     print(f"wrote {module.embedding().save(args.out)}")
 
