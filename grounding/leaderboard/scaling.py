@@ -65,18 +65,24 @@ def fit_command(entry: ModelEntry, photos: int, folder: Path) -> list[str]:
             "--trainer.default_root_dir", str(folder)]
 
 
+def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]:
+    """The named suite models of ``board`` (trained by one config, reranking nothing); else one LeaderboardError."""
+    by_name = {m.name: m for m in board.models if m.semclip is None and m.first_stage is None}
+    for name in models:
+        if name not in by_name:
+            raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config without a "
+                                   f"first stage; one of {sorted(by_name)}")
+    return by_name
+
+
 def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], runs: Path, train_photos: int,
                     fit: bool, log=print) -> list[tuple[str, int, ModelEntry | None, str]]:
     """(model, N, the entry to test or None when its run is missing, the command that makes it) for every model and
     size; with ``fit`` the missing runs are fit first."""
-    by_name = {m.name: m for m in board.models}
+    by_name = check_models(board, models)
     out = []
     for name in models:
-        entry = by_name.get(name)
-        if entry is None or entry.semclip is not None or entry.first_stage is not None:
-            allowed = sorted(m.name for m in board.models if m.semclip is None and m.first_stage is None)
-            raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config without a "
-                                   f"first stage; one of {allowed}")
+        entry = by_name[name]
         for n in photos:
             if n >= train_photos:  # the whole training split: the leaderboard row's own run
                 out.append((name, train_photos, entry, entry.command))
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         board = load_leaderboard(args.config)
+        check_models(board, args.models)  # before the test set is read
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
                            log=lambda line: print(line, file=sys.stderr, flush=True))
     except LeaderboardError as e:
