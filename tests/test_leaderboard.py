@@ -66,6 +66,15 @@ def _tiny_config(tmp_path, name: str, base: str, world, net: dict, data: dict) -
     return str(path)
 
 
+def tiny_region_setup(tiny_world) -> tuple[dict, dict, dict]:
+    """COMPOSER-family runs on the tiny world: offline net settings, the world's Flickr reader, the DataModule args."""
+    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
+    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    return offline, flickr, data
+
+
 def _fit(config: str, out) -> str:
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
@@ -183,10 +192,7 @@ def test_a_baselines_checkpoint_tests_with_composers_table2_style_config(tiny_wo
     """Table 2's test configs are COMPOSER's; a VSE checkpoint tested with one switches to VSETraining (the
     checkpoint carries its LightningModule) and gives the numbers of its own config's test."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
-    flickr = {"class_path": "data_modules.FlickrDataModule",
-              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
-    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    offline, flickr, data = tiny_region_setup(tiny_world)
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     composer = _tiny_config(tmp_path, "composer", "composer/composer_world.yaml", tiny_world,
                             {**offline, "heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}, data)
@@ -217,10 +223,7 @@ def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, 
     the 5 test images only. Reranking inside the top 2 moves no image across rank 2, and the rest keep VSE's order,
     so text->image R@5 and R@10 are VSE's; the logged ceiling is VSE's R@2 on the same queries."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
-    flickr = {"class_path": "data_modules.FlickrDataModule",
-              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
-    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    offline, flickr, data = tiny_region_setup(tiny_world)
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
                            {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from test_leaderboard import _tiny_config
+from test_leaderboard import _tiny_config, tiny_region_setup
 
 from grounding.leaderboard import load_leaderboard
 from grounding.leaderboard.scaling import main as scaling_main
@@ -41,10 +41,7 @@ def test_scaling_fits_the_missing_size_and_tests_every_size(tiny_world, tmp_path
     """VSE on the tiny world at 8 training photos (fit by --fit with train_subset 8) and at all of them (the
     leaderboard row's own run): both tested on the same test set; the 8-photo run trained on 8 images."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
-    flickr = {"class_path": "data_modules.FlickrDataModule",
-              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
-    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    offline, flickr, data = tiny_region_setup(tiny_world)
     config = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     cfg = yaml.safe_load(open(config))
     cfg["trainer"].update(max_epochs=1, check_val_every_n_epoch=1, limit_train_batches=2)
