@@ -102,3 +102,30 @@ def test_switched_off_stage_sees_pixels(tmp_path, monkeypatch):
     _trainer(tmp_path).test(stage, Images())
     assert [b.shape[1] for b in stage.seen] == [3, 3, 3]
     assert not (tmp_path / "cache").exists()
+
+
+def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, monkeypatch):
+    """The cache key is the backbone (and its weights), the transform and the image list, not the model: the dual
+    encoder's caption DataModule and COMPOSER's DataModule (VSE, ViLBERT-style, COMPOSER) reading the same photos at
+    the same size share every split's cache folder; another resize is another folder."""
+    from data_modules import FlickrDataModule
+    from grounding.composer.data import ComposerDataModule
+    from grounding.encoders import load_visual_backbone
+    from grounding.feature_cache import cache_key
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    backbone = load_visual_backbone("tiny_cnn", weights=None)
+
+    def reader(**kw):
+        return FlickrDataModule(root=str(tiny_world / "flickr"), karpathy_file=None, captions_file=None,
+                                text_encoder="tiny-random", image_size=32, resize_size=kw.pop("resize_size", 32), **kw)
+
+    dual = reader()
+    dual.setup()
+    composer = ComposerDataModule(reader(), backend="spacy", text_encoder="tiny-random", image_size=32, resize_size=32)
+    composer.setup()
+    other = reader(resize_size=40)
+    other.setup()
+    keys = [[cache_key(backbone, d) for d in dm.image_datasets()] for dm in (dual, composer, other)]
+    assert len(keys[0]) == 3 and keys[0] == keys[1]  # train, val, test: one folder each, shared
+    assert not set(keys[0]) & set(keys[2])
