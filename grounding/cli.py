@@ -173,6 +173,10 @@ class GroundingCLI(LightningCLI):
             check_inputs_early(config, self.subcommand)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
+        if trainer.logger in (False, None) and isinstance(trainer.get("callbacks"), list):
+            # Lightning's LearningRateMonitor refuses a trainer without a logger: `--trainer.logger false` drops it
+            trainer.callbacks = [c for c in trainer.callbacks if not str(getattr(c, "class_path", "")).endswith(
+                ".LearningRateMonitor")]
         # Loggers without a save_dir write beside the checkpoints, under the stage's default_root_dir.
         loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
         for logger in loggers:

@@ -65,6 +65,28 @@ def test_data_follows_the_models_network(monkeypatch):
     assert cli.model.hparams.net["init_args"]["text_encoder"] == "tiny-random"
 
 
+def test_no_logger_drops_the_learning_rate_monitor(tmp_path):
+    """`--trainer.logger false`: the shared trainer config's LearningRateMonitor (which refuses a trainer without a
+    logger) is dropped, so the fit runs; with the default logger it stays."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from grounding.cli import GroundingCLI, trainer_config_file
+
+    net = "--model.init_args.net.init_args"
+
+    def monitors(*extra):
+        cli = GroundingCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                           auto_configure_optimizers=False, run=False,
+                           args=["--config", trainer_config_file(),
+                                 "--config", str(REPO_ROOT / "experiments" / "vgbert" / "stage1_tiny.yaml"),
+                                 f"{net}.text_encoder=tiny-random", f"{net}.visual_heads=4", f"{net}.backbone=tiny_cnn",
+                                 f"{net}.backbone_weights=null", f"--trainer.default_root_dir={tmp_path}", *extra])
+        return [type(c).__name__ for c in cli.trainer.callbacks if type(c).__name__ == "LearningRateMonitor"]
+
+    assert monitors() == ["LearningRateMonitor"]
+    assert monitors("--trainer.logger=false") == []
+
+
 def test_backbone_normalisation_matches_the_built_backbones():
     from grounding.encoders import backbone_normalisation, load_visual_backbone
 
