@@ -319,6 +319,9 @@ leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test phot
 # the leaderboard tests them (cross-encoders rerank VSE's top 20). On 2 idle CPU cores: the feature cache ~6 min once,
 # the dual encoders ~25-40 min each, the cross-encoders up to 3 h each (docs/results.md has the measured times).
 FULL_TRAIN ?= stage1 baseline vse composer vilbert vilbert-mvsa semclip
+# the models that train in under 30 min also run with these seeds (<out>_seed<N>; the table: mean ± sd)
+FULL_SEEDED ?= baseline vse
+FULL_SEEDS ?= 1 2
 FULL_RUNS := stage1:experiments/vgbert/stage1_flickr8k_full.yaml:outputs/vgbert/stage1_flickr8k_full \
   baseline:experiments/vgbert/baseline_flickr8k_full.yaml:outputs/vgbert/baseline_flickr8k_full \
   vse:experiments/composer/vse_flickr8k_full.yaml:outputs/composer/vse_flickr8k_full \
@@ -329,7 +332,11 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 	@set -e; for run in $(FULL_RUNS); do name=$${run%%:*}; rest=$${run#*:}; config=$${rest%%:*}; out=$${rest#*:}; \
 	  case " $(FULL_TRAIN) " in *" $$name "*) ;; *) continue;; esac; \
 	  ls $$out/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "$$name: no checkpoint in $$out: fitting $$config"; \
-	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; }; done
+	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; }; \
+	  case " $(FULL_SEEDED) " in *" $$name "*) ;; *) continue;; esac; \
+	  for seed in $(FULL_SEEDS); do ls $${out}_seed$$seed/checkpoints/best-*.ckpt >/dev/null 2>&1 || { \
+	    echo "$$name, seed $$seed: fitting $$config into $${out}_seed$$seed"; $(CLI) fit --config $$config \
+	      --seed_everything $$seed --data.init_args.seed $$seed --trainer.default_root_dir $${out}_seed$$seed; }; done; done
 	@set -e; case " $(FULL_TRAIN) " in *" semclip "*) \
 	  test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || $(MAKE) --no-print-directory ste \
 	    STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet; \

@@ -126,28 +126,39 @@ def subset_t2i_recalls(scores: torch.Tensor, caption_image_index: torch.Tensor, 
     return {f"t2i_r{k}": 100.0 * (t2i[subset] < k).float().mean().item() for k in ks} if subset.any() else {}
 
 
-def rsum_interval(scores: torch.Tensor, caption_image_index: torch.Tensor, ks=DEFAULT_KS, n_resamples: int = 1000,
+def rsum_interval(scores, caption_image_index: torch.Tensor, ks=DEFAULT_KS, n_resamples: int = 1000,
                   confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap interval of rsum over the test queries: the images are resampled with replacement, each
     bringing its image->text query and its captions' text->image queries (a caption never leaves its image), so
     i2t R@K is the mean over drawn images and t2i R@K the hits of their captions over their number
-    (scipy.stats.bootstrap, vectorised over resamples, seeded). The point estimate is :func:`recall_metrics`' rsum."""
-    i2t, t2i = retrieval_ranks(scores, caption_image_index)
-    keep = (i2t >= 0).cpu().numpy()  # images with a caption (the others are no query of either direction)
+    (scipy.stats.bootstrap, vectorised over resamples, seeded). The point estimate is :func:`recall_metrics`' rsum.
+
+    ``scores``: one (I, N) matrix, or a list of them (runs of one model with other seeds, on the same test split):
+    then the interval is that of their mean rsum, every run scored on the same resampled images."""
+    matrices = list(scores) if isinstance(scores, (list, tuple)) else [scores]
     idx = caption_image_index.long().cpu().numpy()
-    n_img = scores.shape[0]
-    per_image = [(i2t.cpu().numpy() < k).astype(np.float64) for k in ks]
-    per_image += [np.bincount(idx, weights=(t2i.cpu().numpy() < k).astype(np.float64), minlength=n_img) for k in ks]
-    per_image.append(np.bincount(idx, minlength=n_img).astype(np.float64))
-    data = [a[keep] for a in per_image]
+    n_img = matrices[0].shape[0]
+    data, keep = [], None
+    for matrix in matrices:
+        i2t, t2i = retrieval_ranks(matrix, caption_image_index)
+        keep = (i2t >= 0).cpu().numpy()  # images with a caption (the others are no query of either direction)
+        data += [(i2t.cpu().numpy() < k).astype(np.float64) for k in ks]
+        data += [np.bincount(idx, weights=(t2i.cpu().numpy() < k).astype(np.float64), minlength=n_img) for k in ks]
+    data.append(np.bincount(idx, minlength=n_img).astype(np.float64))
+    data = [a[keep] for a in data]
     if len(data[-1]) < 2:
         return float("nan"), float("nan")
+    per_run = 2 * len(ks)
 
-    def rsum(*arrays, axis=-1):
-        i2t_hits, t2i_hits, n_caps = arrays[:len(ks)], arrays[len(ks):-1], arrays[-1]
-        return 100.0 * (sum(h.mean(axis) for h in i2t_hits) + sum(h.sum(axis) for h in t2i_hits) / n_caps.sum(axis))
+    def mean_rsum(*arrays, axis=-1):
+        n_caps = arrays[-1].sum(axis)
+        total = 0.0
+        for r in range(len(matrices)):
+            run = arrays[r * per_run:(r + 1) * per_run]
+            total = total + sum(h.mean(axis) for h in run[:len(ks)]) + sum(h.sum(axis) for h in run[len(ks):]) / n_caps
+        return 100.0 * total / len(matrices)
 
-    res = stats.bootstrap(tuple(data), rsum, paired=True, vectorized=True, method="percentile",
+    res = stats.bootstrap(tuple(data), mean_rsum, paired=True, vectorized=True, method="percentile",
                           n_resamples=n_resamples, confidence_level=confidence, rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 

@@ -17,6 +17,7 @@ from grounding.cli import main as cli_main
 from grounding.cli import resolved_config
 from grounding.leaderboard import LeaderboardError, evaluate, load_leaderboard, write_outputs
 from grounding.leaderboard.__main__ import main as leaderboard_main
+from grounding.leaderboard.board import markdown_table
 from grounding.paths import EXPERIMENTS_DIR
 
 BOARDS = sorted((EXPERIMENTS_DIR / "leaderboard").glob("*.yaml"))
@@ -75,10 +76,10 @@ def tiny_region_setup(tiny_world) -> tuple[dict, dict, dict]:
     return offline, flickr, data
 
 
-def _fit(config: str, out) -> str:
+def _fit(config: str, out, *extra) -> str:
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
-                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={out}"])
+                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={out}", *extra])
     return str(out / "checkpoints" / "last.ckpt")
 
 
@@ -249,3 +250,29 @@ def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, 
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(board_yaml))
     with pytest.raises(LeaderboardError, match="first_stage 'VSE' must name a suite model listed before it"):
         load_leaderboard(tmp_path / "bad.yaml")
+
+
+def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_path, monkeypatch):
+    """A row with ``other_seeds``: its recalls are the runs' means, rsum's sd is theirs, and the interval is that of
+    the mean rsum; each run alone (its own row) gives the numbers averaged."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    offline, flickr, data = tiny_region_setup(tiny_world)
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
+    first = _fit(vse, tmp_path / "seed0")
+    second = _fit(vse, tmp_path / "seed1", "--seed_everything=1")
+    board_yaml = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
+                  "models": [{"name": "VSE", "config": vse, "ckpt": first, "command": "make vse",
+                              "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt"),
+                                              str(tmp_path / "seed2" / "checkpoints" / "last.ckpt")]},  # not made
+                             {"name": "seed 0", "config": vse, "ckpt": first, "command": "make vse"},
+                             {"name": "seed 1", "config": vse, "ckpt": second, "command": "make vse"}]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
+    rows = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), log=lambda line: None)}
+    mean, a, b = rows["VSE"], rows["seed 0"], rows["seed 1"]
+    assert mean["status"] == "ok" and mean["seeds"] == 2 and a["rsum"] != b["rsum"]
+    for key in ("t2i_r1", "i2t_r5", "rsum"):
+        assert mean[key] == pytest.approx((a[key] + b[key]) / 2)
+    assert mean["rsum_sd"] == pytest.approx(abs(a["rsum"] - b["rsum"]) / 2 ** 0.5)
+    assert mean["rsum_low"] <= mean["rsum"] <= mean["rsum_high"]
+    assert f"± {mean['rsum_sd']:.1f} (2 seeds)" in markdown_table(list(rows.values()), load_leaderboard(
+        tmp_path / "board.yaml").test_set)

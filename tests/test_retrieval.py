@@ -101,6 +101,10 @@ def test_rsum_interval_hand_cases():
     noisy, idx = torch.randn(20, 60, generator=rng), torch.arange(20).repeat_interleave(3)
     a, b = rsum_interval(noisy, idx, seed=3), rsum_interval(noisy, idx, seed=3)
     assert a == b and a[0] < retrieval_metrics(noisy, idx)["rsum"] < a[1]
+    # runs of other seeds: the interval of their mean, on the same resampled images. The hand case with a perfect
+    # second run: draws give (600 + 600) / 2, (400 + 600) / 2 or the mix's (500 + 600) / 2
+    assert rsum_interval([scores, torch.eye(2)], caption_image, n_resamples=2000) == (500.0, 600.0)
+    assert rsum_interval([noisy, noisy], idx, seed=3) == pytest.approx(a)  # two copies of one run: its interval
 
 
 def test_rerank_places_the_top_k_above_the_rest_hand_computed():

@@ -17,9 +17,12 @@ A leaderboard YAML (``experiments/leaderboard/*.yaml``)::
       - {name: m-CNN, source: "Ma et al. 2015", encoders: "VGG19 | word CNN",
          i2t: [24.8, 53.7, 67.1], t2i: [20.3, 47.6, 61.7]}
 
-A cross-encoder row may rerank another row's scores: ``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the
-first stage is tested first; its scores of the same test set reach the cross-encoder's test loop as
-``first_stage_scores``, and its recall@K, the rerank's ceiling, is printed beside the row). A model's ``ckpt`` may
+``other_seeds``: checkpoints (globs allowed) of the same config trained with other seeds; those that exist are tested
+too, the recalls are their means, rsum gets its standard deviation over the runs, and the interval is that of the mean
+rsum (every run scored on the same resampled test images). A cross-encoder row may rerank another row's scores:
+``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the first stage is tested first; its scores of the same
+test set reach the cross-encoder's test loop as ``first_stage_scores``, and its recall@K, the rerank's ceiling, is
+printed beside the row). A model's ``ckpt`` may
 be a glob (``outputs/x/checkpoints/best-*.ckpt``: the checkpoint selected on the validation split, whose name
 carries its epoch); it must match exactly one file. ``encoders`` (optional): the row's image and
 text encoders, printed in the table.
@@ -51,10 +54,11 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 import yaml
 from lightning.pytorch import Callback
@@ -75,7 +79,7 @@ from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json,
 
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
 RECALLS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
-COLUMNS = ("model", "paper", "encoders", *RECALLS, "rsum_low", "rsum_high", "t2i_medr", "i2t_medr", "first_stage",
+COLUMNS = ("model", "paper", "encoders", *RECALLS, "rsum_sd", "seeds", "rsum_low", "rsum_high", "t2i_medr", "i2t_medr", "first_stage",
            "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m", "ms_per_query", "status", "command",
            "ckpt")
 BOOTSTRAP_RESAMPLES = 1000
@@ -115,6 +119,7 @@ class ModelEntry:
     encoders: str = ""
     first_stage: str | None = None
     rerank_top_k: int | None = None
+    other_seeds: list[str] = field(default_factory=list)
 
     def checkpoint(self) -> Path | None:
         """``ckpt`` resolved; a glob must match exactly one file (None when it matches none)."""
@@ -128,6 +133,11 @@ class ModelEntry:
             raise LeaderboardError(f"{self.name}: ckpt {self.ckpt} matches {len(found)} files "
                                    f"({', '.join(f.name for f in found[:3])}); keep one or name it")
         return found[0] if found else None
+
+    def seed_checkpoints(self) -> list[Path]:
+        """The ``other_seeds`` checkpoints that exist (a glob matching several files is an error)."""
+        found = [replace(self, ckpt=c).checkpoint() for c in self.other_seeds]
+        return [c for c in found if c is not None and c.exists()]
 
     def run_folders(self) -> list[Path]:
         if self.runs:
@@ -202,7 +212,9 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
                            paper=str(m.get("paper") or ""), config=m.get("config"), ckpt=m.get("ckpt"),
                            semclip=m.get("semclip"), runs=list(m.get("runs") or []),
                            encoders=str(m.get("encoders") or ""), first_stage=m.get("first_stage"),
-                           rerank_top_k=m.get("rerank_top_k"))
+                           rerank_top_k=m.get("rerank_top_k"), other_seeds=[str(c) for c in m.get("other_seeds") or []])
+        if entry.other_seeds and entry.semclip is not None:
+            raise LeaderboardError(f"{where} ({entry.name}): other_seeds are checkpoints of a suite model, not SemCLIP's")
         if (entry.first_stage is None) != (entry.rerank_top_k is None) or (
                 entry.rerank_top_k is not None and not (isinstance(entry.rerank_top_k, int) and entry.rerank_top_k >= 1)):
             raise LeaderboardError(f"{where} ({entry.name}): give `first_stage` (another row's name) and `rerank_top_k` "
@@ -424,6 +436,7 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
                                               reference, first_stage=first_stage.get("test"))
     kept = {"test": (scored, texts)}
     row = _scored_row(scored, texts, test_set.world_meta)
+    replicas = [replace(entry, ckpt=str(c)) for c in entry.seed_checkpoints()]
     logged = {k.removeprefix("test/"): float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
     off = {k: (row[k], logged[k]) for k in RECALLS if k in logged and abs(row[k] - logged[k]) > AGREEMENT}
     if off:
@@ -442,7 +455,35 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
                                              " (compositional split)", first_stage=first_stage.get("comp"))
         row["compositional_r1"] = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
         kept["comp"] = (comp, comp_texts)
+    if replicas:
+        runs = [(scored, row.get("compositional_r1"))]
+        for replica in replicas:
+            _, other, _, _ = _stage_test(replica, data_class, test_set.captions, test_set.world_meta, workdir, reference,
+                                         f" ({Path(replica.ckpt).name})", first_stage=first_stage.get("test"))
+            comp_r1 = None
+            if compositional_reference is not None:
+                _, comp, _, _ = _stage_test(replica, data_class, split, None, workdir, compositional_reference,
+                                            " (compositional split)", first_stage=first_stage.get("comp"))
+                comp_r1 = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
+            runs.append((other, comp_r1))
+        row.update(seed_mean_row([r for r, _ in runs], [c for _, c in runs], texts, test_set.world_meta))
     return row, kept
+
+
+def seed_mean_row(runs: list[RetrievalScores], comp_r1: list, texts: list[str], world_meta: str | None) -> dict:
+    """The recalls of several runs (seeds) of one model on one test split: means, rsum's standard deviation over the
+    runs, and the interval of the mean rsum (the same resampled images for every run)."""
+    rows = [_scored_row(r, texts, world_meta) for r in runs]
+    out = {k: float(np.mean([r[k] for r in rows])) for k in (*RECALLS, "t2i_medr", "i2t_medr")}
+    out["rsum_sd"] = float(np.std([r["rsum"] for r in rows], ddof=1))
+    out["seeds"] = len(runs)
+    out["rsum_low"], out["rsum_high"] = rsum_interval([r.scores for r in runs], runs[0].caption_image,
+                                                      n_resamples=BOOTSTRAP_RESAMPLES)
+    held_out = [r.get("compositional_r1") for r in rows]
+    values = [c for c in comp_r1 if c is not None] or [c for c in held_out if c is not None]
+    if values:
+        out["compositional_r1"] = float(np.mean(values))
+    return out
 
 
 def _semclip_scores(entry: ModelEntry, dm, bank: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
@@ -554,9 +595,12 @@ def _fmt(key: str, value) -> str:
 
 
 def _rsum_cell(row: dict) -> str:
+    cell = _fmt("rsum", row.get("rsum"))
+    if row.get("rsum_sd") is not None:
+        cell += f" ± {row['rsum_sd']:.1f} ({row['seeds']} seeds)"
     if row.get("rsum_low") is None or row.get("rsum_high") is None:
-        return _fmt("rsum", row.get("rsum"))
-    return f"{row['rsum']:.1f} [{row['rsum_low']:.1f}, {row['rsum_high']:.1f}]"
+        return cell
+    return f"{cell} [{row['rsum_low']:.1f}, {row['rsum_high']:.1f}]"
 
 
 def _medr_cell(row: dict) -> str:
