@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 from matplotlib.figure import Figure
@@ -59,10 +61,10 @@ def subset_override(config: str, photos: int) -> dict:
     return {"data": {"init_args": {"train_subset": photos}}}
 
 
-def fit_command(entry: ModelEntry, photos: int, folder: Path) -> list[str]:
+def fit_command(entry: ModelEntry, photos: int, folder: Path, fit_args: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "grounding", "fit", "--config", entry.config, "--config",
             yaml.safe_dump(subset_override(entry.config, photos), default_flow_style=True).strip(),
-            "--trainer.default_root_dir", str(folder)]
+            "--trainer.default_root_dir", str(folder), *fit_args]
 
 
 def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]:
@@ -76,7 +78,7 @@ def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]
 
 
 def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], runs: Path, train_photos: int,
-                    fit: bool, log=print) -> list[tuple[str, int, ModelEntry | None, str]]:
+                    fit: bool, log=print, fit_args: Sequence[str] = ()) -> list[tuple[str, int, ModelEntry | None, str]]:
     """(model, N, the entry to test or None when its run is missing, the command that makes it) for every model and
     size; with ``fit`` the missing runs are fit first."""
     by_name = check_models(board, models)
@@ -88,7 +90,7 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
                 out.append((name, train_photos, entry, entry.command))
                 continue
             folder = runs / slug(name) / f"n{n}"
-            cmd = fit_command(entry, n, folder)
+            cmd = fit_command(entry, n, folder, fit_args)
             shown = f"python {' '.join(cmd[1:7])} '{cmd[7]}' {' '.join(cmd[8:])}"
             scaled = replace(entry, name=f"{name} @ {n}", ckpt=str(folder / "checkpoints" / "best-*.ckpt"), runs=[],
                              command=shown)
@@ -100,11 +102,11 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
 
 
 def run_scaling(board: Leaderboard, models: list[str], photos: list[int], runs: Path, fit: bool = False,
-                log=print) -> list[dict]:
+                log=print, fit_args: Sequence[str] = ()) -> list[dict]:
     """The scaling rows: every model at every size, tested on the board's test set (no compositional split)."""
     dm = reference_data(board.test_set)
     train_photos = len(dm.train_dataset)
-    planned = scaling_entries(board, models, sorted(set(photos)), runs, train_photos, fit, log)
+    planned = scaling_entries(board, models, sorted(set(photos)), runs, train_photos, fit, log, fit_args)
     test_set = replace(board.test_set, compositional_split=None)
     present = [replace(e, name=f"{name} @ {n}") for name, n, e, _ in planned if e is not None]
     tested = {r["model"]: r for r in evaluate(Leaderboard(test_set, present, board.out, board.source), log=log)} \
@@ -177,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="outputs/scaling", help="run folders: <runs>/<model>/n<N>")
     p.add_argument("--out", default=None, help="report folder (default: reports/scaling/<test set>)")
     p.add_argument("--fit", action="store_true", help="fit the missing runs first (one after another)")
+    p.add_argument("--fit-args", default="", metavar="ARGS",
+                   help="more options for those fits, one string (e.g. '--trainer.check_val_every_n_epoch 5': a "
+                        "dev evaluation of the full dev split costs more than an epoch on 750 photos)")
     args = p.parse_args(argv)
     if any(n < 1 for n in args.photos):
         print(f"error: --photos must be positive; got {args.photos}", file=sys.stderr)
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         board = load_leaderboard(args.config)
         check_models(board, args.models)  # before the test set is read
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
-                           log=lambda line: print(line, file=sys.stderr, flush=True))
+                           log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=shlex.split(args.fit_args))
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
