@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from grounding.errors import UserInputError
 from grounding.utils.io import atomic_path, sha1_of_json
 
 DEFAULT_KS = (1, 5, 10)
@@ -178,6 +179,10 @@ class RetrievalScores:
 FIRST_STAGE_FORMAT = 1
 
 
+class FirstStageError(UserInputError, ValueError):
+    """A first-stage score file that is unreadable or of another test split (one line: the file and the mismatch)."""
+
+
 def save_first_stage(path, scored: RetrievalScores, captions: list[str], source: str) -> None:
     """Write ``scored`` (a dual encoder's test scores) as a first stage: a dense (images, captions) float32 matrix in
     the split's image order and flat caption order, with the caption texts' sha1 so that a reranker refuses another
@@ -191,15 +196,15 @@ def save_first_stage(path, scored: RetrievalScores, captions: list[str], source:
 
 def load_first_stage(path, n_images: int, captions: list[str]) -> torch.Tensor:
     """The (images, captions) matrix of :func:`save_first_stage`, checked against the split it will rerank (its image
-    count, caption count and caption texts); a ``ValueError`` naming the file and the mismatch otherwise."""
+    count, caption count and caption texts); a :class:`FirstStageError` naming the file and the mismatch otherwise."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         scores = saved["scores"]
     except (OSError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f"first_stage_scores {path}: not a first-stage score file ({' '.join(str(e).split())[:120]}); "
+        raise FirstStageError(f"first_stage_scores {path}: not a first-stage score file ({' '.join(str(e).split())[:120]}); "
                          "write one with grounding.retrieval.save_first_stage (the leaderboard does)") from None
     if tuple(scores.shape) != (n_images, len(captions)) or saved.get("captions_sha1") != sha1_of_json(list(captions)):
-        raise ValueError(f"first_stage_scores {path}: scores of {tuple(scores.shape)} (images, captions) from "
+        raise FirstStageError(f"first_stage_scores {path}: scores of {tuple(scores.shape)} (images, captions) from "
                          f"{saved.get('source', '?')}, not of this test split's ({n_images}, {len(captions)}) images "
                          "and caption texts; score the same test set with the first stage again")
     return scores.float()
