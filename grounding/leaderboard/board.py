@@ -532,7 +532,7 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
     rows = []
     if only:  # a reranking row needs its first stage's scores of this run
         by_name = {m.name: m for m in board.models}
-        only = set(only) | {by_name[n].first_stage for n in only if by_name[n].first_stage}
+        only = set(only) | {by_name[n].first_stage for n in only if n in by_name and by_name[n].first_stage}
     kept: dict[str, dict] = {}  # suite model -> its score matrices, for the rows that rerank them
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as workdir:
         for entry in board.models:
