@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grounding.retrieval import DEFAULT_KS, retrieval_metrics, subset_t2i_recalls
+from grounding.retrieval import DEFAULT_KS, rerank_pairs, retrieval_metrics, subset_t2i_recalls
 
 from .model import Composer, expand_counts
 
@@ -68,12 +68,10 @@ def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mas
         return sentence, phrases
     if first is None:  # first stage: mean primitive score of every (image, caption)
         first = primitive_first_stage(net, batch, regions, region_mask, image_chunk)
-    top = first.topk(rerank_top_k, dim=0).indices  # (K, C)
+    pair_image, pair_caption = rerank_pairs(first, rerank_top_k)  # each caption's top K images
     offset = first.max() - first.min() + 1
     sentence = first - 2 * offset  # below every reranked score
     phrases = first[:, phrase_caption] - 2 * offset
-    pair_caption = torch.arange(n_cap, device=regions.device).repeat(rerank_top_k)
-    pair_image = top.reshape(-1)
     for start in range(0, len(pair_image), image_chunk * n_cap):
         pi, pc = pair_image[start:start + image_chunk * n_cap], pair_caption[start:start + image_chunk * n_cap]
         s, ptr = _node_scores(net, batch, regions, region_mask, pi, pc)
