@@ -340,6 +340,7 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 	@set -e; case " $(FULL_TRAIN) " in *" semclip "*) \
 	  test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || $(MAKE) --no-print-directory ste \
 	    STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet; \
+	  $(call link_best,outputs/vgbert/baseline_flickr8k_full); \
 	  test -f outputs/semclip/align_flickr8k_full/transform.pt || \
 	    $(CLI) fit --config experiments/semclip/align_flickr8k_full.yaml;; esac
 	@test -f outputs/composer/mcd_flickr8k_full/mcd.json || \
@@ -413,6 +414,36 @@ semclip-flickr8k: install  ## SemCLIP on Flickr8k photos: Γ_t from the Flickr8k
 	    --model.init_args.export_path $(FLICKR8K_SEMCLIP_OUT)/transform.pt; }
 	$(PY) -m grounding.semclip evaluate --config $(FLICKR8K_SEMCLIP_CONFIG) --transform $(FLICKR8K_SEMCLIP_OUT)/transform.pt \
 	  --photos ../shared/data/flickr8k --split $(FLICKR8K_SEMCLIP_SPLIT) --out $(FLICKR8K_SEMCLIP_REPORT) $(FLICKR8K_SEMCLIP_ARGS)
+
+# SemCLIP on the real benchmark (issue 29): Γ_t on each base VLM of SEMCLIP_FULL_VLMS (trained on the 6,000 training
+# photos, its dev-best checkpoint; fit first when missing), then Tables 3-4 on the 1,000 test photos for every
+# SEMCLIP_FULL_PROTOCOLS: tagging (§4: one caption of each photo in the bank, the others the labels), tagging+train
+# (the 6,000 training photos join the store with their tagging captions) and other-images (every caption a label, the
+# bank Γ_t's captions); reports/semclip/flickr8k_full/<vlm>/<protocol>/ and one summary.md over all of them.
+SEMCLIP_FULL_VLMS ?= dual-encoder:experiments/vgbert/baseline_flickr8k_full.yaml:outputs/vgbert/baseline_flickr8k_full:experiments/semclip/align_flickr8k_full.yaml \
+  vse:experiments/composer/vse_flickr8k_full.yaml:outputs/composer/vse_flickr8k_full:experiments/semclip/align_flickr8k_vse_full.yaml
+SEMCLIP_FULL_PROTOCOLS ?= tagging tagging+train other-images
+SEMCLIP_FULL_REPORT ?= reports/semclip/flickr8k_full
+SEMCLIP_FULL_ARGS ?= --ks 1 5 10 --bootstrap 1000 --seed 0
+semclip-flickr8k-full: install  ## SemCLIP on all of Flickr8k: Γ_t on the dual encoder and on VSE, Tables 3-4 on the 1,000 test photos under both bank protocols + a grown store, one summary (fits what is missing)
+	$(call first,$(STE_OUT)/embedding/vectors.npy,ste)
+	@set -e; reports=; \
+	for run in $(SEMCLIP_FULL_VLMS); do name=$${run%%:*}; rest=$${run#*:}; config=$${rest%%:*}; rest=$${rest#*:}; \
+	  out=$${rest%%:*}; align=$${rest#*:}; \
+	  ls $$out/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "$$name: no checkpoint in $$out: fitting $$config"; \
+	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; }; \
+	  ln -f $$(ls -t $$out/checkpoints/best-*.ckpt | head -1) $$out/checkpoints/.best.ckpt.tmp && \
+	    mv -f $$out/checkpoints/.best.ckpt.tmp $$out/checkpoints/best.ckpt; \
+	  transform=$$(sed -n 's/^ *export_path: *//p' $$align); \
+	  test -f $$transform || { echo "$$name: no $$transform: fitting Γ_t ($$align)"; $(CLI) fit --config $$align; }; \
+	  for protocol in $(SEMCLIP_FULL_PROTOCOLS); do report=$(SEMCLIP_FULL_REPORT)/$$name/$$protocol; \
+	    case $$protocol in tagging+*) extra="--bank-captions tagging --distractors $${protocol#tagging+}";; \
+	      *) extra="--bank-captions $$protocol";; esac; \
+	    $(PY) -m grounding.semclip evaluate --config $$align --photos ../shared/data/flickr8k --image-dir images-224 \
+	      --photo-captions Flickr8k.token.txt --split test $$extra --out $$report $(SEMCLIP_FULL_ARGS) > /dev/null; \
+	    echo "wrote $$report/report.md"; reports="$$reports $$report"; done; done; \
+	$(PY) -m grounding.semclip summarize --reports $$reports --out $(SEMCLIP_FULL_REPORT) \
+	  --title "SemCLIP on all of Flickr8k: the 1,000 test photos"
 
 demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's baseline, plus the STE's Table 1/2 report
 	$(MAKE) --no-print-directory semclip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -124,7 +125,8 @@ def photo_inputs(tiny_world, tmp_path_factory):
         src = tiny_world / "images" / im["file_name"]
         shutil.copyfile(src, root / "images" / name)
         kinds = sorted({o["kind"] for o in im["objects"]})
-        lines = [f"A photo with a {' and a '.join(kinds)} ."] + [CAPTIONS[k] for k in kinds if k in CAPTIONS][:2]
+        lines = [f"A photo with a {' and a '.join(kinds)} .", f"Here a {' and a '.join(kinds[::-1])} ."]
+        lines += [CAPTIONS[k] for k in kinds if k in CAPTIONS][:2]  # 2-4 captions: one can tag the photo
         tokens += [f"{name}#{j}\t{c}" for j, c in enumerate(lines)]
         names.append(name)
     (root / "tokens.txt").write_text("\n".join(tokens) + "\n")
@@ -144,10 +146,13 @@ def test_photo_evaluation_and_report(photo_inputs, tmp_path):
 
     root = photo_inputs["root"]
     split = read_photo_split(root / "tokens.txt", root / "Flickr_8k.testImages.txt", root / "images", name="test")
-    assert len(split.paths) == 8 and all(len(c) >= 1 for c in split.captions)  # the missing photo is left out
+    assert len(split.paths) == 8 and all(len(c) >= 2 for c in split.captions)  # the missing photo is left out
     args = dict(pairs=photo_inputs["pairs"], train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1, 5),
                 n_resamples=50)
     results = evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], split, **args)
+    # the default store is the paper's: one tagging caption per photo in the bank, the others are the labels
+    assert results["bank"] == "tagging" and results["bank_captions"] == 8 and results["n_distractors"] == 0
+    assert results["n_captions"] == sum(len(c) for c in split.captions) - 8
     systems = ["VLM", "SemCLIP (STE query)", "SemCLIP (Γ_t query)"]
     assert results["systems"] == systems and results["n_images"] == 8
     assert set(results["table"]) == {"overlap@1", "overlap@5"} | {f"{d} {m}" for d in ("t2i", "i2t")
@@ -178,8 +183,14 @@ def test_photo_evaluation_and_report(photo_inputs, tmp_path):
     assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6 * (len(systems) + n_reference)
     diffs = list(csv.DictReader(open(out / "differences.csv")))
     assert {r["minus"] for r in diffs} == {"VLM"} and len(diffs) == 8 * (len(systems) - 1 + n_reference)
-    assert "Γ_t or the nearest text?" in md
+    assert "Γ_t or the nearest text?" in md and "Bank protocol `tagging`" in md
     assert json.loads((out / "results.json").read_text())["provenance"] == {"vlm": "tiny"}
+    # today's protocol as a switch: every caption a label, the alignment captions in the bank
+    other = evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], split,
+                            bank="other-images", **args)
+    assert other["bank"] == "other-images" and other["bank_captions"] == len(photo_inputs["pairs"]["captions"])
+    assert other["n_captions"] == sum(len(c) for c in split.captions)
+    assert "Bank protocol `other-images`" in (write_photo_report(other, tmp_path / "other") / "report.md").read_text()
 
 
 class _LookupTransform(torch.nn.Module):
@@ -202,7 +213,8 @@ def test_exact_target_reference_is_a_perfect_transform(photo_inputs):
 
     root, pairs, vlm, ste = photo_inputs["root"], photo_inputs["pairs"], photo_inputs["vlm"], photo_inputs["ste"]
     split = read_photo_split(root / "tokens.txt", root / "Flickr_8k.testImages.txt", root / "images", name="test")
-    args = dict(pairs=pairs, train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1, 5), n_resamples=50)
+    args = dict(pairs=pairs, train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1, 5), n_resamples=50,
+                bank="other-images")
     trained = evaluate_photos(vlm, photo_inputs["transform"], ste, split, **args)
     # the bank: the pairs' captions, then the query words (their targets from the same CaptionTargets)
     words = list(dict.fromkeys(w for g in trained["groups"] for w in [g["noun"], *g["variants"]]))
@@ -260,6 +272,31 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
         main(["evaluate", "--transform", str(tmp_path / "transform.pt"), "--photos", str(root), "--image-neighbours", "0",
               "--out", str(tmp_path / "out0")])
     assert exit_info.value.code == 2 and "--image-neighbours 0" in capsys.readouterr().err
+    base = ["evaluate", "--transform", str(tmp_path / "transform.pt"), "--photos", str(root), "--photo-captions",
+            "tokens.txt", "--bootstrap", "20", "--out", str(tmp_path / "out1")]
+    for extra, message in ((["--tagging-captions", "9"], "leaving it no relevance caption"),
+                           (["--distractors", "test"], "both evaluated and distractors"),
+                           (["--bank-captions", "other-images", "--distractors", "train"], "needs --bank-captions tagging")):
+        with pytest.raises(SystemExit) as exit_info:  # one line, exit 2, nothing written
+            main(base + extra)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, extra
+    assert not (tmp_path / "out1").exists()
+    main(base + ["--bank-captions", "other-images"])
+    other = json.loads((tmp_path / "out1" / "results.json").read_text())
+    assert other["bank"] == "other-images" and other["provenance"]["bank_captions"] == "other-images"
+    assert results["bank"] == "tagging" and results["tagging_captions"] == 1
+    # one table over both reports: the VLM and SemCLIP per protocol, with the paired difference
+    main(["summarize", "--reports", str(tmp_path / "out"), str(tmp_path / "out1"), "--out", str(tmp_path / "sum")])
+    md = (tmp_path / "sum" / "summary.md").read_text()
+    assert "| tagging |" in md and "| other-images |" in md and "t2i ndcg@10" in md
+    rows = list(csv.DictReader(open(tmp_path / "sum" / "summary.csv")))
+    assert [r["bank"] for r in rows] == ["tagging", "other-images"]
+    ndcg = results["table"]["t2i ndcg@10"]
+    assert float(rows[0]["t2i ndcg@10 vlm"]) == pytest.approx(ndcg["VLM"]["mean"], abs=1e-4)
+    assert float(rows[0]["t2i ndcg@10 diff"]) == pytest.approx(ndcg["SemCLIP (STE query)"]["diff"], abs=1e-4)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["summarize", "--reports", str(tmp_path / "nowhere"), "--out", str(tmp_path / "sum2")])
+    assert exit_info.value.code == 2 and "results.json" in capsys.readouterr().err
 
 
 def test_make_target_evaluates_after_the_fit():
@@ -276,6 +313,12 @@ def test_make_target_evaluates_after_the_fit():
     evaluate = out.index("-m grounding.semclip evaluate --config experiments/semclip/align_flickr8k.yaml")
     assert fit < evaluate
     assert "--photos ../shared/data/flickr8k --split test --out reports/semclip/flickr8k --ks 1 5 10" in out[evaluate:]
+    full = subprocess.run(["make", "-n", "--no-print-directory", "semclip-flickr8k-full", "STE_OUT=/nonexistent"],
+                          cwd=root, capture_output=True, text=True, timeout=120).stdout
+    for text in ("align_flickr8k_full.yaml", "align_flickr8k_vse_full.yaml", "tagging tagging+train other-images",
+                 "--distractors", "--image-dir images-224", "Flickr8k.token.txt --split test", "semclip summarize"):
+        assert text in full, text
+    assert full.index("fit --config experiments/semclip/ste_wordnet.yaml") < full.index("semclip evaluate")
 
 
 def test_table4_ties_stay_broken_at_random():
@@ -288,3 +331,71 @@ def test_table4_ties_stay_broken_at_random():
     r = retrieval(scores, relevant)
     assert r["t2i"]["map"] < 1.0 and r["t2i"]["queries"] == 1
     assert retrieval(scores, relevant) == r  # seeded
+
+
+# ------------------------------------------------------------------------------------------------ tagging split
+def test_tagging_split_by_hand():
+    from grounding.semclip.photo_evaluation import tagging_split
+
+    captions = [["a0", "a1", "a2", "a3", "a4"], ["b0", "b1"], ["c0", "c1", "c2"]]
+    one = tagging_split(captions, 1, seed=0)
+    assert [len(t) for t in one.tags] == [1, 1, 1] and [len(x) for x in one.labels] == [4, 1, 2]
+    for i, cs in enumerate(captions):  # a photo's tags and labels partition its own captions, in caption order
+        assert sorted(one.tags[i] + one.labels[i]) == cs and not set(one.tags[i]) & set(one.labels[i])
+        assert one.labels[i] == [c for c in cs if c not in one.tags[i]]
+    assert set(one.tag_index).isdisjoint(one.label_index)
+    assert sorted(one.tag_index + one.label_index) == [(i, j) for i, cs in enumerate(captions) for j in range(len(cs))]
+    assert [captions[i][j] for i, j in one.tag_index] == [c for t in one.tags for c in t]
+    assert tagging_split(captions, 1, seed=0) == one  # seeded
+    draws = {tuple(c for t in tagging_split(captions, 1, seed=s).tags for c in t) for s in range(20)}
+    assert len(draws) > 5  # the seed picks different captions
+    firsts = Counter(tagging_split(captions, 1, seed=s).tags[0][0] for s in range(400))
+    assert set(firsts) == set(captions[0]) and min(firsts.values()) > 40  # every caption equally likely (~80 each)
+    two = tagging_split([captions[0], captions[2]], 2, seed=3)
+    assert [len(t) for t in two.tags] == [2, 2] and [len(x) for x in two.labels] == [3, 1]
+    with pytest.raises(ValueError, match="photo 1 has 2 caption"):
+        tagging_split(captions, 2)
+    with pytest.raises(ValueError, match="1 or more"):
+        tagging_split(captions, 0)
+
+
+def test_no_relevance_caption_enters_the_bank(photo_inputs, monkeypatch):
+    """Under the tagging protocol the bank's captions are exactly the photos' tagging captions (never a label), and
+    a store grown with distractors scores image→text on the evaluated photos only."""
+    import grounding.semclip.photo_evaluation as pe
+
+    root = photo_inputs["root"]
+    split = pe.read_photo_split(root / "tokens.txt", root / "Flickr_8k.testImages.txt", root / "images", name="test")
+    seen = []
+    real = pe.system_scores
+
+    def recording(*args, **kwargs):
+        seen.append(list(args[6]))  # bank_texts
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pe, "system_scores", recording)
+    args = dict(pairs=photo_inputs["pairs"], train_idx=torch.arange(4), val_idx=torch.arange(4, 6), ks=(1,),
+                n_resamples=20, query_modes=("ste",))
+    first, rest = pe.PhotoSplit(split.paths[:5], split.captions[:5], "test"), \
+        pe.PhotoSplit(split.paths[5:], split.captions[5:], "distractors")
+    for n_tags in (1, 2):
+        usable = [i for i, c in enumerate(first.captions) if len(c) > n_tags]
+        part = pe.PhotoSplit([first.paths[i] for i in usable], [first.captions[i] for i in usable], "test")
+        r = pe.evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], part,
+                               tagging_captions=n_tags, tagging_seed=7, **args)
+        split_ = pe.tagging_split(part.captions, n_tags, seed=7)
+        tags = [c for t in split_.tags for c in t]
+        assert seen[-1][:len(tags)] == tags and r["bank_captions"] == len(tags) == n_tags * len(usable)
+        assert not set(seen[-1][len(tags):]) & set(c for cs in part.captions for c in cs)  # the rest: query words
+        assert r["n_captions"] == sum(len(x) for x in split_.labels)
+    grown = pe.evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], first,
+                               distractors=rest, **args)
+    assert grown["n_images"] == 5 and grown["n_store_images"] == 8 and grown["n_distractors"] == 3
+    assert grown["bank_captions"] == 8  # every stored photo's tagging caption
+    assert grown["table"]["i2t map"]["VLM"]["units"] <= 5  # image→text: the evaluated photos only
+    alone = pe.evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], first, **args)
+    assert alone["n_queries"] == grown["n_queries"]  # the queries are the evaluated photos' nouns either way
+    assert grown["diagnostics"]["nearest_is_own_tagging_caption"]["evaluated"] >= 0.0
+    with pytest.raises(ValueError, match="distractor photos need bank 'tagging'"):
+        pe.evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], first,
+                           distractors=rest, bank="other-images", **args)

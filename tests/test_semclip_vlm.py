@@ -69,6 +69,32 @@ def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
         assert torch.allclose(vlm.encode_image(px), heads.search.encode_images(px), atol=1e-5)
 
 
+def test_vse_checkpoint_pools_its_regions(tiny_world, tmp_path, monkeypatch):
+    """COMPOSER's VSE as a VLM: the same vectors as VSE's own encode_images over its grid regions (pixels, and
+    cached maps up to float16) and encode_texts."""
+    from data_modules.common import tokenize
+    from grounding.composer.baselines import VSE, VSETraining
+    from grounding.semclip.vlm import load_vlm
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(2)
+    module = VSETraining(VSE(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, image_size=64,
+                             dim=24), feature_cache=False).eval()
+    ckpt = save_module(module, tmp_path / "vse" / "checkpoints" / "last.ckpt", "grounding.composer.baselines.VSETraining",
+                       {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64})
+    vlm = load_vlm(f"suite:{ckpt}")
+    assert vlm.kind == "VSETraining" and vlm.dim == 24 and vlm.image_size == 64
+    texts = ["a red ball", "a car near a tree"]
+    ids, mask = tokenize(vlm.tokenizer, texts, 32)
+    paths = sorted((tiny_world / "images").iterdir())[:3]
+    px = _pixels(vlm, paths)
+    with torch.no_grad():
+        assert torch.allclose(vlm.encode_text(texts), module.net.encode_texts(ids, mask), atol=1e-5)
+        expected = module.net.encode_images(*module.net.embed_regions(px))
+    assert torch.allclose(vlm.encode_image(px), expected, atol=1e-5)
+    assert torch.allclose(vlm.encode_image([str(p) for p in paths]), expected, atol=2e-2)  # the feature cache
+
+
 def test_load_vlm_errors(tmp_path):
     from grounding.checkpoints import CheckpointError
     from grounding.semclip.vlm import load_vlm, vlm_fingerprint

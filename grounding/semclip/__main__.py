@@ -34,7 +34,14 @@ from grounding.paths import resolve_path
 from grounding.semclip.alignment import load_transform, minilm_lexical_variants
 from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
-from grounding.semclip.photo_evaluation import evaluate_photos, lazy, read_photo_split, write_photo_report
+from grounding.semclip.photo_evaluation import (
+    BANK_PROTOCOLS,
+    evaluate_photos,
+    lazy,
+    read_photo_split,
+    write_photo_report,
+    write_photo_summary,
+)
 from grounding.semclip.stability import evaluate_world, write_world_report
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
 from grounding.semclip.vlm import list_images, load_vlm
@@ -115,13 +122,13 @@ def _evaluate(args):
         _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_args, provenance)
         return
     bank = None
-    if args.bank_captions:
+    if args.bank_files:
         known = set(pairs["captions"])
-        bank = [c for c in read_captions(args.bank_captions) if c not in known]
+        bank = [c for c in read_captions(args.bank_files) if c not in known]
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                              bank_captions=bank, splits=args.splits, ks=args.ks or [1, 5, 10, 50],
                              query_modes=args.query_modes, image_neighbours=args.image_neighbours)
-    out = write_world_report(results, args.out, provenance={**provenance, "bank_captions": args.bank_captions,
+    out = write_world_report(results, args.out, provenance={**provenance, "bank_files": args.bank_files,
                                                             "image_neighbours": args.image_neighbours})
     print((Path(out) / "README.md").read_text())
 
@@ -131,7 +138,28 @@ def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_ar
     root = Path(args.photos)
     at_root = lambda name: root / name if (root / name).exists() else Path(name)  # noqa: E731 - --photos first
     image_list = at_root(args.image_list or f"Flickr_8k.{args.split}Images.txt")
-    split = read_photo_split(at_root(args.photo_captions), image_list, root / "images", name=args.split)
+    split = read_photo_split(at_root(args.photo_captions), image_list, root / args.image_dir, name=args.split)
+    distractors = None
+    if args.distractors:
+        if args.bank_captions != "tagging":
+            raise UsageError("evaluate --photos: --distractors needs --bank-captions tagging (under other-images the "
+                             "bank is Γ_t's captions, the distractors' own among them).")
+        listed = at_root(args.distractors if args.distractors.endswith(".txt")
+                         else f"Flickr_8k.{args.distractors}Images.txt")
+        distractors = read_photo_split(at_root(args.photo_captions), listed, root / args.image_dir,
+                                       name=str(args.distractors))
+        clash = {p.name for p in split.paths} & {p.name for p in distractors.paths}
+        if clash:
+            raise UsageError(f"evaluate --photos: {len(clash)} photos (e.g. {sorted(clash)[0]}) are both evaluated and "
+                             f"distractors ({listed}); give another --distractors split.")
+    if args.bank_captions == "tagging":
+        n = args.tagging_captions
+        short = [(p, len(c)) for s in (split, distractors) if s for p, c in zip(s.paths, s.captions) if len(c) <= n]
+        if n < 1 or short:
+            raise UsageError(f"evaluate --photos: --tagging-captions {n}: " + (
+                "give 1 or more." if n < 1 else
+                f"{short[0][0].name} has only {short[0][1]} caption(s) in {at_root(args.photo_captions)}, leaving it no "
+                "relevance caption; give fewer tagging captions or --bank-captions other-images."))
     # Γ_t's pairs and the store's caption bank come from data.init_args.captions: the evaluated photos' captions
     # must not be among them (Eq. 7 would find a photo's own caption).
     listed = dm_args.get("caption_images")
@@ -150,12 +178,20 @@ def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_ar
     results = evaluate_photos(vlm, transform, ste, split, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                               ks=args.ks or [1, 5, 10], query_modes=args.query_modes, lexical=lexical,
                               n_resamples=args.bootstrap, confidence=args.confidence, seed=args.seed,
-                              image_neighbours=args.image_neighbours)
+                              image_neighbours=args.image_neighbours, bank=args.bank_captions,
+                              tagging_captions=args.tagging_captions, tagging_seed=args.tagging_seed,
+                              distractors=distractors)
     out = write_photo_report(results, args.out, title=args.title or f"SemCLIP on {root.name} ({args.split} photos)",
                              provenance={**provenance, "photos": str(root), "photo_captions": str(at_root(args.photo_captions)),
-                                         "image_list": str(image_list),
+                                         "image_list": str(image_list), "image_dir": args.image_dir,
+                                         "bank_captions": args.bank_captions, "distractors": args.distractors,
                                          "image_neighbours": args.image_neighbours})
     print((Path(out) / "report.md").read_text())
+
+
+def _summarize(args):
+    out = write_photo_summary(args.reports, args.out, title=args.title)
+    print((out / "summary.md").read_text())
 
 
 def _hard_negative_embeddings(args):
@@ -218,9 +254,20 @@ def build_parser() -> ArgumentParser:
     v.add_argument("--vlm", type=Optional[str], default=None, help="override the VLM spec (suite:<ckpt> | hf-clip:<dir>)")
     v.add_argument("--ste", type=Optional[str], default=None, help="override the STE export")
     v.add_argument("--captions", type=Optional[str], default=None, help="override the caption file(s) of the text bank / alignment pairs")
-    v.add_argument("--bank-captions", type=str, nargs="+", default=None,
-                   help="more caption files for the store's text bank (§4: the captions tagging the stored images), "
-                        "beside the alignment captions")
+    v.add_argument("--bank-files", type=str, nargs="+", default=None,
+                   help="world mode: more caption files for the store's text bank (§4: the captions tagging the stored "
+                        "images), beside the alignment captions")
+    v.add_argument("--bank-captions", type=str, default="tagging", choices=list(BANK_PROTOCOLS),
+                   help="with --photos: the store's bank. tagging (§4, the paper's): --tagging-captions of each photo's "
+                        "captions tag it in the bank, its other captions alone are relevance labels and query nouns; "
+                        "other-images: every caption of a photo is a label, the bank is Γ_t's captions (other images')")
+    v.add_argument("--tagging-captions", type=int, default=1, help="with --bank-captions tagging: captions per photo in the bank")
+    v.add_argument("--tagging-seed", type=int, default=0, help="with --bank-captions tagging: which captions tag a photo")
+    v.add_argument("--distractors", type=Optional[str], default=None,
+                   help="with --photos: a split name (train: Flickr_8k.trainImages.txt) or an image list whose photos "
+                        "join the store with their tagging captions (a store that grows); queries stay the split's")
+    v.add_argument("--image-dir", type=str, default="images",
+                   help="with --photos: the photos' folder inside --photos (images-224 for all of Flickr8k)")
     v.add_argument("--world", type=str, default="data/world", help="the embedded world (world.json + images)")
     v.add_argument("--splits", type=str, nargs="+", default=["val", "test"], help="world splits whose images are searched")
     v.add_argument("--photos", type=Optional[str], default=None,
@@ -241,6 +288,10 @@ def build_parser() -> ArgumentParser:
                    help="Eq. 7: each image is Γ_t of its nearest bank text (1, the paper's); k > 1, an ablation: the mean "
                         "of Γ_t of its k nearest")
     v.add_argument("--out", type=str, required=True)
+    m = _subcommand(sub, "summarize", "one table of several photo reports (base VLMs x bank protocols x stores)")
+    m.add_argument("--reports", type=str, nargs="+", required=True, help="report folders written by evaluate --photos")
+    m.add_argument("--out", type=str, required=True, help="the folder of summary.md / summary.csv")
+    m.add_argument("--title", type=str, default="")
     h = _subcommand(sub, "hard-negative-embeddings", "embed image folders with a VLM for COMPOSER's hard-negative pool "
                                                      "(data.init_args.hard_negative_embeddings)")
     h.add_argument("--vlm", type=str, required=True, help="suite:<ckpt> | hf-clip:<dir> | open-clip:<arch>:<weights>")
@@ -251,6 +302,7 @@ def build_parser() -> ArgumentParser:
 
 
 COMMANDS = {"build-lists": _build_lists, "export": _export, "report": _report, "evaluate": _evaluate,
+            "summarize": _summarize,
             "hard-negative-embeddings": _hard_negative_embeddings}
 
 

@@ -164,6 +164,50 @@ def image_kinds(groups: Sequence[NounGroup], noun_senses: Sequence[Sequence[tupl
     return [{kind for kind, ws in words if ws & have} for have in nouns]
 
 
+BANK_PROTOCOLS = ("tagging", "other-images")
+
+
+@dataclass
+class TaggingSplit:
+    """Each store photo's captions split in two (§4 "Using SemCLIP for content stores": the store holds the images
+    with the text that tags them): ``tags`` enter the text bank, ``labels`` give the relevance and the query nouns.
+    ``tag_index`` / ``label_index``: the same captions as (photo, caption) positions, for checks."""
+    tags: list[list[str]]
+    labels: list[list[str]]
+    tag_index: list[tuple[int, int]]
+    label_index: list[tuple[int, int]]
+
+
+def tagging_split(captions: Sequence[Sequence[str]], n_tags: int = 1, seed: int = 0) -> TaggingSplit:
+    """``n_tags`` of each photo's captions, chosen at random (seeded, one draw for the whole store), tag it; the
+    others are its labels. Every photo needs more than ``n_tags`` captions (ValueError naming the first that has
+    not), so each keeps at least one label."""
+    if n_tags < 1:
+        raise ValueError(f"tagging captions: give 1 or more per photo; got {n_tags}")
+    sizes = np.array([len(cs) for cs in captions], dtype=np.int64)
+    short = np.flatnonzero(sizes <= n_tags)
+    if short.size:
+        raise ValueError(f"photo {int(short[0])} has {int(sizes[short[0]])} caption(s): tagging {n_tags} per photo "
+                         f"leaves it no relevance caption; give fewer tagging captions or drop such photos")
+    photo = np.repeat(np.arange(len(sizes)), sizes)
+    keys = np.random.default_rng(seed).random(len(photo))
+    order = np.lexsort((keys, photo))  # each photo's captions in a random order, photos in store order
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.empty(len(photo), dtype=np.int64)
+    rank[order] = np.arange(len(photo)) - starts[photo[order]]  # a caption's place in its photo's random order
+    position = np.arange(len(photo)) - starts[photo]
+    is_tag = rank < n_tags
+    tag_index = [(int(i), int(j)) for i, j in zip(photo[is_tag], position[is_tag])]
+    label_index = [(int(i), int(j)) for i, j in zip(photo[~is_tag], position[~is_tag])]
+    tags: list[list[str]] = [[] for _ in captions]
+    labels: list[list[str]] = [[] for _ in captions]
+    for i, j in tag_index:
+        tags[i].append(captions[i][j])
+    for i, j in label_index:
+        labels[i].append(captions[i][j])
+    return TaggingSplit(tags, labels, tag_index, label_index)
+
+
 # ------------------------------------------------------------------------------------------------
 # Evaluation
 # ------------------------------------------------------------------------------------------------
@@ -181,8 +225,9 @@ def lazy(make: Callable[[], Callable]) -> Callable:
 
 
 def _metric_units(scores: torch.Tensor, queries: Sequence[NounQuery], relevant: torch.Tensor,
-                  ks: Sequence[int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every metric's per-unit values and the query (cluster) each unit belongs to."""
+                  ks: Sequence[int], i2t_images: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every metric's per-unit values and the query (cluster) each unit belongs to; image→text over the first
+    ``i2t_images`` photos only (the evaluated ones of a store grown with distractors; None: all)."""
     pairs = synonym_pairs(queries)
     noun_of_pair = np.array([queries[a].word for a, _ in pairs])
     out = {f"overlap@{k}": (pair_overlaps(scores, queries, k).numpy(), noun_of_pair) for k in ks}
@@ -190,8 +235,9 @@ def _metric_units(scores: torch.Tensor, queries: Sequence[NounQuery], relevant: 
     kinds = np.array([q.kind for q in queries])
     for d in ("t2i", "i2t"):
         rows = per[d]["rows"].numpy()
+        keep = rows < i2t_images if d == "i2t" and i2t_images is not None else np.ones(len(rows), dtype=bool)
         for m in METRICS:
-            out[f"{d} {m}"] = (per[d][m].numpy(), kinds[rows] if d == "t2i" else rows)
+            out[f"{d} {m}"] = (per[d][m].numpy()[keep], kinds[rows[keep]] if d == "t2i" else rows[keep])
     return out
 
 
@@ -224,52 +270,82 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
                     ks: Sequence[int] = (1, 5, 10), query_modes: Sequence[str] = ("ste", "transform"),
                     lexical: Callable | None = None, prompt: str = PROMPT, max_variants: int = MAX_VARIANTS,
                     n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0, wn=None,
-                    image_neighbours: int = 1) -> dict:
+                    image_neighbours: int = 1, bank: str = "tagging", tagging_captions: int = 1,
+                    tagging_seed: int = 0, distractors: PhotoSplit | None = None) -> dict:
     """Tables 3–4 on a photo split for the base VLM and SemCLIP (each query mode), with bootstrap intervals and the
     diagnostics of the module docstring. ``pairs``: the alignment pairs cache, whose captions (with their cached VLM
     embeddings) and the queries' words form the store's text bank (§4 "Using SemCLIP for content stores": the
     captions tagging images plus a base noun vocabulary); ``train_idx`` / ``val_idx``: its split (recovery error);
     ``lexical``: the lexical-variant lookup of nouns outside the STE (§4); ``image_neighbours``: 1 is Eq. 7, k > 1 an
-    ablation (each photo the mean of Γ_t of its k nearest bank texts; the exact-target reference does the same)."""
+    ablation (each photo the mean of Γ_t of its k nearest bank texts; the exact-target reference does the same).
+
+    ``bank``: which captions the store's bank holds. ``tagging`` (§4, the paper's store): ``tagging_captions`` of
+    each store photo's captions (seeded by ``tagging_seed``) tag it and enter the bank with the query words; the
+    photo's other captions alone give its relevance and the query nouns (:func:`tagging_split`), so no relevance
+    caption is ever in the bank. ``other-images``: every caption of an evaluated photo is a relevance label and the
+    bank is the alignment captions (other images' text) with the query words. ``distractors``: more photos in the
+    store (tagging only), labelled the same way from their own non-tagging captions; the queries still come from
+    ``split``'s nouns and image→text is scored over ``split``'s photos."""
     t0 = time.perf_counter()
     wn = wn or wordnet()
-    captions = [c for cs in split.captions for c in cs]
-    caption_image = [i for i, cs in enumerate(split.captions) for _ in cs]
+    if bank not in BANK_PROTOCOLS:
+        raise ValueError(f"bank {bank!r}: give one of {BANK_PROTOCOLS}")
+    if distractors is not None and bank != "tagging":
+        raise ValueError("distractor photos need bank 'tagging': under 'other-images' the bank is the alignment "
+                         "captions, which may be the distractors' own")
+    n_eval = len(split.paths)
+    store = split if distractors is None else PhotoSplit(split.paths + distractors.paths,
+                                                         split.captions + distractors.captions, split.name)
+    tagging = tagging_split(store.captions, tagging_captions, tagging_seed) if bank == "tagging" else None
+    labels = tagging.labels if tagging else store.captions
+    captions = [c for cs in labels for c in cs]
+    caption_image = [i for i, cs in enumerate(labels) for _ in cs]
+    n_eval_captions = sum(len(cs) for cs in labels[:n_eval])
     senses = caption_noun_senses(captions, wn)
-    groups = noun_groups(senses, wn, max_variants)
+    groups = noun_groups(senses[:n_eval_captions], wn, max_variants)  # the queries: the evaluated photos' nouns
     queries = group_queries(groups, prompt)
     texts = [q.text for q in queries]
-    kinds = image_kinds(groups, senses, caption_image, len(split.paths))
+    kinds = image_kinds(groups, senses, caption_image, len(store.paths))
     relevant = relevance(queries, kinds)
-    image_vlm, query_vlm = vlm.encode_image(split.paths), vlm.encode_text(texts)
+    image_vlm, query_vlm = vlm.encode_image(store.paths), vlm.encode_text(texts)
 
     words = list(dict.fromkeys(q.word for q in queries))  # the base noun vocabulary of the store's bank
-    bank_texts = (list(pairs["captions"]) if pairs is not None else []) + words
-    bank_vlm = torch.cat(([pairs["vlm_text"].float()] if pairs is not None else []) + [vlm.encode_text(words)])
     targets = CaptionTargets(ste, wn, lexical=lexical)
+    if tagging:
+        bank_captions = [c for cs in tagging.tags for c in cs]
+        bank_caption_vlm = vlm.encode_text(bank_captions).float()
+    else:
+        bank_captions = list(pairs["captions"]) if pairs is not None else []
+        bank_caption_vlm = pairs["vlm_text"].float() if pairs is not None else torch.empty(0, query_vlm.shape[1])
+    bank_texts = bank_captions + words
+    bank_vlm = torch.cat([bank_caption_vlm, vlm.encode_text(words).float()])
     systems = system_scores(vlm, transform, ste, image_vlm, texts, query_vlm, bank_texts, bank_vlm, query_modes,
-                            targets=targets, ids=[p.name for p in split.paths], image_neighbours=image_neighbours)
+                            targets=targets, ids=[p.name for p in store.paths], image_neighbours=image_neighbours)
 
     # reference systems for the diagnosis (not SemCLIP): the image side replaced
     ste_store = SemCLIPStore(vlm, transform, ste, query_mode="ste", targets=targets)
     ste_query = ste_store.embed_queries(texts)
     cap_targets, kept = targets(captions)
-    own = torch.zeros(len(split.paths), cap_targets.shape[1]).index_add_(
-        0, torch.tensor(caption_image)[kept], cap_targets)  # each photo: the sum of its captions' STE targets
+    own = torch.zeros(len(store.paths), cap_targets.shape[1]).index_add_(
+        0, torch.tensor(caption_image)[kept], cap_targets)  # each photo: the sum of its labels' STE targets
     nearest = systems[method_name(query_modes[0])][1] if query_modes else None
     reference = {"Oracle images (own captions' STE targets), STE query": cosine(ste_query, own)}
     if nearest is not None:
         reference["VLM, images as their nearest bank text (Eq. 7 in VLM space)"] = cosine(query_vlm, bank_vlm[nearest])
-        if pairs is not None:  # Eq. 7 with a perfect Γ_t on the bank: each photo its nearest bank text's own target
+        if pairs is not None or tagging:  # Eq. 7 with a perfect Γ_t on the bank: each photo its nearest text's target
             word_targets, word_kept = targets(words)
             bank_targets = torch.zeros(len(bank_texts), cap_targets.shape[1])
-            bank_targets[:len(pairs["targets"])] = pairs["targets"].float()
-            bank_targets[len(pairs["targets"]) + torch.nonzero(word_kept).squeeze(1)] = word_targets
+            if tagging:
+                tag_targets, tag_kept = targets(bank_captions)
+                bank_targets[torch.nonzero(tag_kept).squeeze(1)] = tag_targets
+            else:
+                bank_targets[:len(pairs["targets"])] = pairs["targets"].float()
+            bank_targets[len(bank_captions) + torch.nonzero(word_kept).squeeze(1)] = word_targets
             near = nearest_texts(image_vlm.float(), bank_vlm, image_neighbours)  # as the store's Eq. 7
             reference[EXACT_TARGETS] = cosine(ste_query, bank_targets[near].mean(1))
 
-    units = {name: _metric_units(s, queries, relevant, ks) for name, (s, _) in systems.items()}
-    units |= {name: _metric_units(s, queries, relevant, ks) for name, s in reference.items()}
+    units = {name: _metric_units(s, queries, relevant, ks, n_eval) for name, (s, _) in systems.items()}
+    units |= {name: _metric_units(s, queries, relevant, ks, n_eval) for name, s in reference.items()}
     table = _bootstrap_table(units, n_resamples, confidence, seed)
     gamma_cost = None
     if EXACT_TARGETS in units and query_modes:  # SemCLIP − the same store with exact targets, paired: what Γ_t's error costs
@@ -283,11 +359,23 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
     per_pair = {name: [[queries[a].word, queries[b].word, *(float(units[name][f"overlap@{k}"][0][i]) for k in ks)]
                        for i, (a, b) in enumerate(pairs_idx)] for name in systems}
 
+    n_kept = int(kept[:n_eval_captions].sum())  # the evaluated photos' labels come first
     diagnostics = _diagnostics(vlm, transform, ste, targets, queries, texts, query_vlm, ste_query, systems, bank_texts,
-                               len(words), senses, caption_image, captions, cap_targets, kept, pairs, train_idx,
-                               val_idx, wn, ks)
+                               len(words), senses[:n_eval_captions], caption_image[:n_eval_captions],
+                               captions[:n_eval_captions], cap_targets[:n_kept], kept[:n_eval_captions], pairs,
+                               train_idx, val_idx, wn, ks)
     diagnostics["gamma_t_cost"] = gamma_cost
-    return {"split": split.name, "n_images": len(split.paths), "n_captions": len(captions), "n_nouns": len(groups),
+    if tagging and nearest is not None and nearest.dim() == 1:  # Eq. 7 at its best picks the photo's own tagging caption
+        tag_photo = torch.tensor([i for i, _ in tagging.tag_index])
+        own_tag = (nearest < len(bank_captions)) & (tag_photo[nearest.clamp(max=len(bank_captions) - 1)]
+                                                    == torch.arange(len(nearest)))
+        diagnostics["nearest_is_own_tagging_caption"] = {"evaluated": float(own_tag[:n_eval].float().mean()),
+                                                         "store": float(own_tag.float().mean())}
+    return {"split": split.name, "n_images": n_eval, "n_store_images": len(store.paths),
+            "n_distractors": len(store.paths) - n_eval, "bank": bank,
+            "tagging_captions": tagging_captions if tagging else None,
+            "tagging_seed": tagging_seed if tagging else None,
+            "n_captions": n_eval_captions, "n_nouns": len(groups),
             "n_nouns_with_synonyms": sum(bool(g.variants) for g in groups), "n_queries": len(queries),
             "n_pairs": len(pairs_idx), "ks": list(ks), "bank_size": len(bank_texts), "image_neighbours": image_neighbours,
             "bank_captions": len(bank_texts) - len(words), "bank_words": len(words), "systems": list(systems),
@@ -341,6 +429,7 @@ def _diagnostics(vlm, transform, ste, targets, queries, texts, query_vlm, ste_qu
     for name, (_, nearest) in systems.items():
         if nearest is None:
             continue
+        nearest = nearest[:len(image_nouns)]  # the evaluated photos (a grown store lists its distractors after them)
         texts_near = [bank_texts[j] for j in nearest.tolist()]
         near_nouns = [{n.lower() for n, _ in c} for c in caption_noun_senses(texts_near, wn)]
         hits = [bool(a & b) for a, b in zip(near_nouns, image_nouns)]
@@ -435,11 +524,11 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
     lines = [f"# {title or 'SemCLIP on real photos'} (Tables 3–4)", ""]
     if provenance:
         lines += [f"- {k}: `{v}`" for k, v in provenance.items() if v is not None] + [""]
-    lines += [f"Photos: {n} ({results['split']} split), {results['n_captions']} captions; {results['n_nouns']} distinct "
-              f"caption nouns, {results['n_nouns_with_synonyms']} with WordNet synonyms; {results['n_queries']} queries "
-              f"(\"{PROMPT} a <noun>\" for each noun and up to {MAX_VARIANTS} synonym variants), {results['n_pairs']} "
-              f"(noun, synonym) pairs. SemCLIP's text bank: {results['bank_captions']} alignment captions + "
-              f"{results['bank_words']} query words. Nothing was tuned on these photos: the prompt, the ≤ "
+    lines += [f"Photos: {n} ({results['split']} split), {results['n_captions']} relevance captions; {results['n_nouns']} "
+              f"distinct caption nouns, {results['n_nouns_with_synonyms']} with WordNet synonyms; {results['n_queries']} "
+              f"queries (\"{PROMPT} a <noun>\" for each noun and up to {MAX_VARIANTS} synonym variants), "
+              f"{results['n_pairs']} (noun, synonym) pairs. {bank_sentence(results)} Nothing was tuned on these photos: "
+              "the prompt, the ≤ "
               f"{MAX_VARIANTS} variants, the k's, the bank and the bootstrap follow the paper and the world report "
               "(`--split dev` runs the same on the dev photos, the split for any choice).", "",
               f"Each cell: mean [{100 * b['confidence']:.0f} % {b['method']} bootstrap interval, {b['n_resamples']} "
@@ -480,6 +569,24 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
     return out
+
+
+def bank_sentence(results: dict) -> str:
+    """What the store holds, in one sentence of the report."""
+    store = (f"The store: the {results['n_images']} photos and {results['n_distractors']} distractor photos (labelled "
+             "from their own non-tagging captions; image→text is scored on the evaluated photos only). "
+             if results.get("n_distractors") else "")
+    if results.get("bank", "other-images") == "tagging":
+        own = results["diagnostics"].get("nearest_is_own_tagging_caption")
+        return (store + f"Bank protocol `tagging` (§4, the paper's store): {results['tagging_captions']} caption(s) of "
+                f"each stored photo (seed {results['tagging_seed']}) tag it; its other captions alone are relevance "
+                f"labels and query nouns. SemCLIP's text bank: {results['bank_captions']} tagging captions + "
+                f"{results['bank_words']} query words"
+                + (f"; Eq. 7 picks a photo's own tagging caption for {100 * own['evaluated']:.1f} % of the evaluated "
+                   "photos." if own else "."))
+    return (store + "Bank protocol `other-images`: every caption of an evaluated photo is a relevance label, so none "
+            f"is in the bank; SemCLIP's text bank: {results['bank_captions']} alignment captions (other images' text) + "
+            f"{results['bank_words']} query words.")
 
 
 def _sign(r: dict) -> int:
@@ -568,3 +675,49 @@ def _diagnosis_lines(results, table, systems, reference, rows4, ks) -> list[str]
             lines.append(f"| {s} | " + " | ".join(_ci(c) for c in cells) + " |")
             lines.append(f"| Δ {s} | " + " | ".join(_diff(c) for c in cells) + " |")
     return lines
+
+
+SUMMARY_METRICS = ("overlap@10", "t2i ndcg@10", "t2i map", "i2t ndcg@10")
+
+
+def write_photo_summary(reports: Sequence[str | Path], out: str | Path, title: str = "") -> Path:
+    """One table over several photo reports (``results.json`` of :func:`write_photo_report`: base VLMs × bank
+    protocols × stores): each metric of SUMMARY_METRICS for the VLM and SemCLIP (STE query) with intervals, and the
+    paired Δ. Writes ``out/summary.md`` and ``out/summary.csv`` (atomically)."""
+    rows = []
+    for folder in reports:
+        path = Path(folder) / "results.json"
+        if not path.is_file():
+            raise MissingDataError(f"{path} does not exist: run `python -m grounding.semclip evaluate --photos ...` "
+                                   f"with --out {folder} first")
+        r = json.loads(path.read_text())
+        prov = r.get("provenance") or {}
+        semclip = next((s for s in r["systems"][1:] if "STE" in s), r["systems"][-1])
+        rows.append({"report": str(folder), "vlm": prov.get("vlm", ""), "bank": r.get("bank", "other-images"),
+                     "store": r.get("n_store_images", r["n_images"]), "evaluated": r["n_images"],
+                     "bank_captions": r["bank_captions"], "system": semclip,
+                     **{m: (r["table"][m][r["systems"][0]], r["table"][m][semclip])
+                        for m in SUMMARY_METRICS if m in r["table"]}})
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = [m for m in SUMMARY_METRICS if all(m in row for row in rows)]
+    write_csv(out / "summary.csv", ["report", "vlm", "bank", "store_photos", "evaluated_photos", "bank_captions", "system"]
+              + [f"{m} {c}" for m in metrics for c in ("vlm", "semclip", "diff", "diff_low", "diff_high")],
+              [[row["report"], row["vlm"], row["bank"], row["store"], row["evaluated"], row["bank_captions"],
+                row["system"]] + [f"{v:.4f}" for m in metrics for v in (row[m][0]["mean"], row[m][1]["mean"],
+                                                                        row[m][1]["diff"], row[m][1]["diff_low"],
+                                                                        row[m][1]["diff_high"])] for row in rows])
+    lines = [f"# {title or 'SemCLIP on real photos: every report side by side'}", "",
+             "Each cell: VLM → SemCLIP (STE query), then SemCLIP − VLM with its paired 95 % bootstrap interval (* = the "
+             "interval excludes 0). Bank `tagging`: one caption of each stored photo tags it (§4), the others are the "
+             "labels; `other-images`: all captions are labels, the bank is other images' captions.", "",
+             "| Base VLM | Bank | Store photos | " + " | ".join(metrics) + " |", "|---" * (3 + len(metrics)) + "|"]
+    for row in rows:
+        vlm = Path(str(row["vlm"]).partition(":")[2] or row["vlm"]).parent.parent.name or row["vlm"]
+        cells = [f"{_f(row[m][0]['mean'])} → {_f(row[m][1]['mean'])}, Δ {_diff(row[m][1])}" for m in metrics]
+        lines.append(f"| {vlm} | {row['bank']} | {row['store']:,} | " + " | ".join(cells) + " |")
+    lines += ["", "Reports: " + ", ".join(f"`{row['report']}`" for row in rows), ""]
+    with atomic_path(out / "summary.md") as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    return out
+

@@ -119,8 +119,15 @@ def stability(scores: torch.Tensor, queries: Sequence[NounQuery], ks: Sequence[i
 
 
 def relevance(queries: Sequence[NounQuery], kinds: Sequence[set[str]]) -> torch.Tensor:
-    """(Q, N) synonym-augmented ground truth: query q is relevant to image n when n contains q's kind."""
-    return torch.tensor([[q.kind in ks for ks in kinds] for q in queries], dtype=torch.bool)
+    """(Q, N) synonym-augmented ground truth: query q is relevant to image n when n contains q's kind. Built from a
+    (kinds, N) incidence matrix, one row gathered per query (stores of thousands of photos x queries)."""
+    index = {kind: i for i, kind in enumerate(dict.fromkeys([q.kind for q in queries]))}
+    incidence = torch.zeros(len(index) + 1, len(kinds), dtype=torch.bool)  # the last row: kinds no query asks for
+    pairs = [(index[k], n) for n, ks in enumerate(kinds) for k in ks if k in index]
+    if pairs:
+        rows, cols = torch.tensor(pairs).T
+        incidence[rows, cols] = True
+    return incidence[torch.tensor([index[q.kind] for q in queries], dtype=torch.long)]
 
 
 def per_query_retrieval(scores: torch.Tensor, relevant: torch.Tensor, k: int = 10) -> dict[str, torch.Tensor]:

@@ -1,8 +1,9 @@
 """VLM adapters for SemCLIP (§4): any model with ``encode_image`` / ``encode_text`` into one joint space.
 
 * :class:`SuiteVLM`: a checkpoint of the suite's own CLIP-style models, the dual-encoder baseline
-  (:class:`grounding.vgbert.DualEncoderBaseline`) or the VG-BERT search heads
-  (:class:`grounding.vgbert.SearchHeads`: image side F_V, text side F_L). Architecture, tokenizer and
+  (:class:`grounding.vgbert.DualEncoderBaseline`), the VG-BERT search heads
+  (:class:`grounding.vgbert.SearchHeads`: image side F_V, text side F_L) or COMPOSER's VSE baseline
+  (:class:`grounding.composer.baselines.VSETraining`, grid regions: the mean of its region embeddings). Architecture, tokenizer and
   image size come from the checkpoint's hyperparameters; the pixel normalisation from the run's
   ``config.yaml`` (written beside ``checkpoints/`` by the CLI) when present.
 * :class:`HFCLIP`: a Hugging Face CLIP from a local folder.
@@ -27,6 +28,7 @@ import yaml
 from data_modules.common import CaptionDataset, build_transform, open_rgb, tokenize
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, read_checkpoint
+from grounding.composer.baselines import VSETraining
 from grounding.encoders import load_tokenizer
 from grounding.errors import MissingInputError
 from grounding.nets import build_net
@@ -34,7 +36,8 @@ from grounding.vgbert.baseline import DualEncoderBaseline
 from grounding.vgbert.search_heads import SearchHeads
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-SPEC_HELP = ("a VLM spec is 'suite:<checkpoint.ckpt>' (a DualEncoderBaseline or SearchHeads checkpoint of this suite), "
+SPEC_HELP = ("a VLM spec is 'suite:<checkpoint.ckpt>' (a DualEncoderBaseline, SearchHeads or VSETraining checkpoint of "
+             "this suite), "
              "'hf-clip:<local CLIP folder>' or 'open-clip:<architecture>:<weights file>'")
 
 
@@ -71,6 +74,21 @@ def _run_config(ckpt: Path) -> dict:
     return {}
 
 
+class PooledRegions(torch.nn.Module):
+    """A grid-region VSE (COMPOSER App. C) as one vector per image: the normalised mean of its region embeddings
+    over the backbone's maps, from pixels or from cached maps (what ``encode_images`` of the other suite nets take)."""
+
+    def __init__(self, vse: torch.nn.Module):
+        super().__init__()
+        self.vse = vse
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return self.vse.encode_images(*self.vse.embed_regions(images))
+
+    def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.vse.encode_texts(ids, mask)
+
+
 class SuiteVLM:
     """A suite checkpoint as a VLM: ``DualEncoderBaseline`` (both heads of the dual encoder) or
     ``SearchHeads`` (F_V for images, F_L for texts, App. B.5). Outputs are unit vectors.
@@ -81,7 +99,7 @@ class SuiteVLM:
     ``feature_cache``: image files go through the frozen CNN once (cached like the training's maps).
     """
 
-    KINDS = ("DualEncoderBaseline", "SearchHeads")
+    KINDS = ("DualEncoderBaseline", "SearchHeads", "VSETraining")
 
     def __init__(self, ckpt: str | os.PathLike, device: str = "cpu", batch_size: int = 64,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None, image_size: int | None = None,
@@ -95,11 +113,14 @@ class SuiteVLM:
                                   f"of {self.KINDS} (one vector per image and per text). Train one with "
                                   "`make baseline` or `make stage3`, or pass 'hf-clip:<dir>'.")
         self.kind = kind
-        if kind == "DualEncoderBaseline":
-            cls = DualEncoderBaseline
+        if kind in ("DualEncoderBaseline", "VSETraining"):
+            cls = DualEncoderBaseline if kind == "DualEncoderBaseline" else VSETraining
             if not isinstance(hp.get("net"), dict):
                 raise CheckpointError(f"{self.path} holds no network spec (hyperparameter 'net'): it was written before "
-                                      "the baseline took an injected DualEncoder; retrain it with `make baseline`.")
+                                      f"the {kind} took an injected network; retrain it.")
+            if kind == "VSETraining" and hp["net"].get("init_args", {}).get("region_source", "grid") != "grid":
+                raise CheckpointError(f"{self.path}: a VSE on {hp['net']['init_args']['region_source']} regions needs "
+                                      "detector boxes or files per image; SemCLIP's adapter reads grid-region VSEs only.")
             hp.update(net=build_net(hp["net"], backbone_weights=None), feature_cache=False)  # weights: the checkpoint
             text_encoder, size = hp["net"].init_args["text_encoder"], hp["net"].init_args["image_size"]
         else:
@@ -113,7 +134,9 @@ class SuiteVLM:
         if missing:
             raise CheckpointError(f"{self.path} lacks {len(missing)} weight(s) of its {kind} (e.g. {missing[:3]}); "
                                   "the file is incomplete or from another version of the model.")
-        self.net = (module.model if kind == "DualEncoderBaseline" else module.search).to(device).eval()
+        net = {"DualEncoderBaseline": lambda: module.model, "SearchHeads": lambda: module.search,
+               "VSETraining": lambda: PooledRegions(module.net)}[kind]()
+        self.net = net.to(device).eval()
         run = _run_config(self.path)
         self.image_size = int(image_size or run.get("image_size") or size)
         self.resize_size = int(resize_size or run.get("resize_size") or round(self.image_size * 256 / 224))
@@ -152,6 +175,8 @@ class SuiteVLM:
 
     @property
     def backbone(self):
+        if self.kind == "VSETraining":
+            return self.net.vse.backbone
         return self.net.visual.backbone if self.kind == "DualEncoderBaseline" else self.net.grounding.visual.backbone
 
     @torch.inference_mode()
@@ -165,6 +190,8 @@ class SuiteVLM:
 
     @property
     def dim(self) -> int:
+        if self.kind == "VSETraining":
+            return self.net.vse.dim
         if self.kind == "DualEncoderBaseline":
             return self.net.language_head.out_features
         return self.net.text_head.mlp[-1].out_features
