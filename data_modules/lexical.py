@@ -8,6 +8,8 @@
 * CSLB concept property norms v1.1 ``norms.dat``: tab-separated with a header holding
   ``feature type``, ``concept``, ``feature`` and ``pf`` (production frequency).
 * Word lists: one word or phrase per line (``#`` comments and blank lines ignored).
+* Word-similarity sets: ``w1<TAB>w2<TAB>score`` lines (the shared ``word-similarity/`` folder: MC-30, RG-65, WS-353
+  and its two halves, MTurk-287, MEN, RW, SimLex-999), or SimLex-999's original release (a header with POS).
 
 Every path is explicit or defaults to ``grounding.paths.shared_data_dir()``; a missing or
 malformed file raises :class:`LexicalDataError` naming the file, what was expected and the fix.
@@ -27,7 +29,8 @@ from grounding.paths import shared_data_dir
 
 __all__ = [
     "LexicalDataError", "SemCat", "PropertyNorms", "load_semcat", "load_concreteness",
-    "load_cslb_norms", "load_word_list", "default_path", "CSLB_FEATURE_TYPES",
+    "load_cslb_norms", "load_word_list", "default_path", "CSLB_FEATURE_TYPES", "read_word_similarity",
+    "read_simlex_release", "load_word_similarity_sets",
 ]
 
 CSLB_FEATURE_TYPES = ("visual perceptual", "other perceptual", "functional", "encyclopaedic", "taxonomic")
@@ -36,6 +39,7 @@ _DEFAULT_SUBDIRS = {
     "semcat": "semcat",
     "concreteness": "concreteness/Concreteness_ratings_Brysbaert_et_al_BRM.txt",
     "cslb": "cslb/norms.dat",
+    "word_similarity": "word-similarity",
 }
 
 
@@ -248,3 +252,59 @@ def load_word_list(path: str | Path) -> list[str]:
     if not words:
         raise LexicalDataError(f"word list {path} is empty: expected one word or phrase per line.")
     return words
+
+
+# ------------------------------------------------------------------------------------------ word similarity
+SIMLEX_HEADER = ("word1", "word2", "POS", "SimLex999")
+
+
+def read_word_similarity(path: str | Path) -> list[tuple[str, str, float]]:
+    """``w1<TAB>w2<TAB>score`` lines (blank lines and ``#`` comments skipped)."""
+    path = Path(path)
+    pairs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split("\t") if "\t" in line else line.split()
+        if len(parts) != 3:
+            raise ValueError(f"{path}:{n}: expected 'w1<TAB>w2<TAB>score', got {line!r}")
+        try:
+            pairs.append((parts[0].strip(), parts[1].strip(), float(parts[2])))
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: score {parts[2]!r} is not a number (expected 'w1<TAB>w2<TAB>score')") from e
+    return pairs
+
+
+def read_simlex_release(path: str | Path) -> tuple[list[tuple[str, str, float]], list[str]] | None:
+    """The original release's layout (a header ``word1 word2 POS SimLex999 ...``): its pairs and POS column;
+    None for any other file."""
+    lines = [line for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    if not lines or tuple(lines[0].split("\t")[:4]) != SIMLEX_HEADER:
+        return None
+    pairs, pos = [], []
+    for n, line in enumerate(lines[1:], 2):
+        parts = line.split("\t")
+        try:
+            pairs.append((parts[0].strip(), parts[1].strip(), float(parts[3])))
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"{path}:{n}: expected the SimLex-999 release's columns (word1 word2 POS SimLex999 ...)") from e
+        pos.append(parts[2].strip().upper())
+    return pairs, pos
+
+
+def load_word_similarity_sets(folder: str | Path | None = None) -> list[tuple[str, list[tuple[str, str, float]]]]:
+    """``(file stem, pairs)`` of every ``*.txt`` set in ``folder`` (default: the shared ``word-similarity/``), sorted
+    by name; a missing folder or one without sets is a :class:`LexicalDataError` naming it."""
+    folder = Path(folder).expanduser() if folder is not None else default_path("word_similarity")
+    files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    if not files:
+        raise _missing(folder, "Word-similarity sets (*.txt, w1<TAB>w2<TAB>score)",
+                       "Point `word_similarity` at a folder of them (the shared data's word-similarity/).")
+    out = []
+    for path in files:
+        release = read_simlex_release(path)
+        try:
+            out.append((path.stem, release[0] if release else read_word_similarity(path)))
+        except ValueError as e:
+            raise LexicalDataError(f"{e}; fix the file or leave it out of {folder}") from None
+    return out

@@ -395,3 +395,86 @@ def test_cli_writes_a_report(tmp_path, monkeypatch, capsys):
                  "clustering", "--vocabulary-sample", "64", "--no-cache", "--out", str(out)]) == 0
     assert (out / "report.md").is_file() and (out / "silhouettes.csv").is_file()
     assert "total:" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# Paired bootstrap intervals
+# --------------------------------------------------------------------------------------------
+def test_interval_statistics_match_scipy_and_pair_the_resamples():
+    from scipy import stats
+
+    from grounding.semantic_space import intervals
+
+    rng = np.random.default_rng(0)
+    gold = rng.normal(size=40)
+    scores = np.stack([gold + rng.normal(size=40), gold + 0.3 * rng.normal(size=40)])
+    full = np.arange(40)[None]
+    r = intervals.pearson_statistic(scores, gold)(full)[:, 0]
+    assert r == pytest.approx([stats.pearsonr(s, gold).statistic for s in scores])
+    ties = np.round(scores, 0)  # ties averaged, as scipy
+    rho = intervals.spearman_statistic(ties, gold)(full)[:, 0]
+    assert rho == pytest.approx([stats.spearmanr(s, gold).statistic for s in ties])
+    idx = intervals.resample_indices(40, 7, seed=3)
+    by_hand = [stats.spearmanr(ties[1, i], gold[i]).statistic for i in idx]
+    assert intervals.spearman_statistic(ties, gold)(idx)[1] == pytest.approx(by_hand)
+
+    iv = intervals.paired_bootstrap(intervals.pearson_statistic(scores, gold), 40, ["A", "B"], "r", "items",
+                                    n_resamples=300, seed=0)
+    assert iv.value == pytest.approx(r) and iv.diff[0] == 0 and iv.diff[1] == pytest.approx(r[1] - r[0])
+    assert np.all(iv.low <= iv.value) and np.all(iv.value <= iv.high)
+    assert iv.diff_low[1] > 0  # B tracks gold far better: the paired interval excludes 0
+    again = intervals.paired_bootstrap(intervals.pearson_statistic(scores, gold), 40, ["A", "B"], "r", "items",
+                                       n_resamples=300, seed=0)
+    assert np.array_equal(iv.low, again.low) and np.array_equal(iv.diff_high, again.diff_high)  # seeded
+    # paired: a model that is the reference plus a constant has a zero-width difference interval
+    values = np.stack([rng.random(30), np.zeros(30)])
+    values[1] = values[0] + 0.25
+    shift = intervals.paired_bootstrap(intervals.mean_statistic(values), 30, ["A", "B"], "mean", "items", 200)
+    assert shift.diff_low[1] == pytest.approx(0.25) and shift.diff_high[1] == pytest.approx(0.25)
+    assert shift.low[0] < shift.high[0]
+    md = intervals.markdown([iv, shift])
+    assert "Δ B − A" in md and " *" in md and md.count("\n") == 3
+
+
+def test_nearest_category_accuracy_by_hand():
+    from grounding.semantic_space import intervals
+
+    # two tight categories and an entry of category 0 that sits with category 1
+    x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.05, 1.0], [-1.0, -0.1]])
+    k = np.array([0, 0, 1, 1, 0, 2])  # entry 4 is labelled 0 but lies in 1; category 2 has one entry
+    correct = intervals.nearest_category_correct(x, k)
+    assert correct[:4].tolist() == [1.0, 1.0, 1.0, 1.0] and correct[4] == 0.0 and np.isnan(correct[5])
+    assert intervals.per_category_mean(correct, k, 3)[:2] == pytest.approx([2 / 3, 1.0])
+
+
+def test_report_intervals_and_word_similarity(tmp_path, monkeypatch):
+    """Two copies of one stream: every paired difference is exactly 0; the word-similarity part reads the sets."""
+    import pandas as pd
+
+    from grounding.semantic_space.report import run_report
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    sem = tmp_path / "semcat"
+    sem.mkdir()
+    (sem / "animal-4.txt").write_text("zebra\nhorse\npanda\ndog\n")
+    (sem / "vehicle-3.txt").write_text("car\nbus\ntrain\n")
+    (sem / "feeling-3.txt").write_text("joy\nfear\nanger\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "EN-TINY-6.txt").write_text("car\tbus\t8\nzebra\thorse\t7\njoy\tcar\t1\ndog\tpuppy\t9\nfear\tanger\t6\n"
+                                      "train\tpanda\t2\n")
+    out = run_report({"models": [{"source": "tiny-random", "name": "A"}, {"source": "tiny-random", "name": "B"}],
+                      "semcat": str(sem), "word_similarity": str(ws), "parts": ["clustering", "word_similarity"],
+                      "embedding": {"vocabulary_sample": 64, "cache": False},
+                      "intervals_part": {"n_resamples": 50}, "out": str(tmp_path / "report")})
+    frame = pd.read_csv(out / "intervals.csv")
+    assert set(frame.measure) == {"silhouette (categories)", "nearest-category accuracy (categories)",
+                                  "word similarity: EN-TINY-6"}
+    assert (frame["diff"] == 0).all() and (frame.diff_low == 0).all() and (frame.diff_high == 0).all()
+    assert set(frame.n_units) == {3, 6}
+    md = (out / "report.md").read_text()
+    assert "## Paired bootstrap intervals" in md and "## Word similarity" in md and "EN-TINY-6" in md
+    assert pd.read_csv(out / "word_similarity.csv").pairs.tolist() == [6]
+    none = run_report({"models": ["tiny-random"], "semcat": str(sem), "parts": ["clustering"], "out": str(tmp_path / "r2"),
+                       "embedding": {"vocabulary_sample": 64, "cache": False}, "intervals_part": {"n_resamples": 0}})
+    assert not (none / "intervals.csv").exists()

@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy import stats
 
+from data_modules.lexical import read_word_similarity
 from grounding.semclip.evaluation import (
     SynonymQueries,
     coverage_from_neighbours,
     encoder_synonym_coverage,
-    read_word_similarity,
     spearman,
     ste_pair_similarity,
     ste_synonym_coverage,

@@ -32,15 +32,19 @@ CONFIG_SECTION = "semantic_space"
 PARSER_MODE = "semantic-space-report"
 # Short flags of nested options (kept from the hand-written parser).
 ALIASES = {"property_norms_part.n_jobs": "--n-jobs", "property_norms_part.loo": "--loo",
-           "property_norms_part.n_components": "--n-components", "embedding.vocabulary_sample": "--vocabulary-sample"}
+           "property_norms_part.n_components": "--n-components", "embedding.vocabulary_sample": "--vocabulary-sample",
+           "intervals_part.n_resamples": "--bootstrap"}
 TYPES = {"property_norms_part.n_jobs": int, "property_norms_part.loo": Literal["approx", "exact"],
-         "property_norms_part.n_components": Optional[int], "embedding.vocabulary_sample": Optional[int]}
+         "property_norms_part.n_components": Optional[int], "embedding.vocabulary_sample": Optional[int],
+         "intervals_part.n_resamples": int, "intervals_part.confidence": float, "intervals_part.seed": int}
 HELP = {
     "property_norms_part.n_jobs": "processes for the property-norm fits",
     "property_norms_part.loo": "leave-one-out for the lambda choice: approx or exact",
     "property_norms_part.n_components": "PCA dimensions the property-norm classifiers see (default: all)",
     "embedding.vocabulary_sample": "standardise with the statistics of a seeded sample of this many token ids "
                                    "(default: all, App. B)",
+    "intervals_part.n_resamples": "paired bootstrap resamples of the evaluation items for every measure's interval "
+                                  "(0: no intervals)",
 }
 
 
@@ -68,14 +72,16 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--text-encoder", type=str, nargs="+", default=None, dest="text_encoder",
                    help="architecture of each checkpoint's BERT (default: the checkpoint hparams' text_encoder)")
     p.add_argument("--data-root", type=Optional[str], default=DEFAULTS["data_root"], dest="data_root",
-                   help="folder with semcat/, concreteness/, cslb/ (default ../shared/data)")
+                   help="folder with semcat/, concreteness/, cslb/, word-similarity/ (default ../shared/data)")
     for key in ("semcat", "concreteness", "cslb"):
         p.add_argument(f"--{key}", type=Optional[str], default=DEFAULTS[key])
+    p.add_argument("--word-similarity", type=Optional[str], default=DEFAULTS["word_similarity"], dest="word_similarity",
+                   help="folder of w1<TAB>w2<TAB>score word-similarity sets (default: <data-root>/word-similarity)")
     p.add_argument("--vocabulary", type=Optional[str], default=DEFAULTS["vocabulary"],
                    help="word list for composition and neighbours (default: unique SemCat words)")
     p.add_argument("--out", type=str, default=DEFAULTS["out"], help="report folder (default reports/semantic_space)")
     p.add_argument("--parts", type=str, nargs="+", default=DEFAULTS["parts"],
-                   help="subset of: concreteness property_norms clustering composition")
+                   help="subset of: concreteness property_norms clustering composition word_similarity")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
     for group, options in DEFAULTS.items():
         if not isinstance(options, dict):

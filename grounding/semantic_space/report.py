@@ -4,8 +4,10 @@
 runs the selected parts (concreteness, property_norms, clustering, composition) and writes a
 folder: ``report.md`` (Markdown tables), one CSV per table and per-item result, PNG figures,
 ``timings.json`` and the resolved ``config.yaml``. The folder is written atomically. The first
-model is the reference ("before grounding") that significance tests and slope charts compare
-the others with.
+model is the reference ("before grounding") that significance tests, slope charts and the paired
+bootstrap intervals (``intervals_part``, :mod:`grounding.semantic_space.intervals`: every measure
+with a 95 % interval, each later model's difference to the first with a paired one) compare the
+others with.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from data_modules import lexical
-from grounding.semantic_space import clustering, composition, concreteness, property_norms
+from grounding.semantic_space import clustering, composition, concreteness, intervals, property_norms
 from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
 from grounding.utils.io import atomic_path
 
-PARTS = ("concreteness", "property_norms", "clustering", "composition")
+PARTS = ("concreteness", "property_norms", "clustering", "composition", "word_similarity")
 
 # Table 2 of the paper: query phrase, target, and the paper's (cosine, rank) for Bert / Grounded / Relational.
 PAPER_TABLE2 = [
@@ -43,6 +45,7 @@ DEFAULTS: dict = {
     "models": [],                 # [{source, name, prefix, text_encoder, tokenizer}] or plain source strings
     "data_root": None,            # default grounding.paths.shared_data_dir()
     "semcat": None, "concreteness": None, "cslb": None,
+    "word_similarity": None,      # folder of w1<TAB>w2<TAB>score sets (default: the shared word-similarity/)
     "vocabulary": None,           # word-list file for composition/neighbours (default: unique SemCat words)
     "out": "reports/semantic_space",
     "parts": list(PARTS),
@@ -57,6 +60,8 @@ DEFAULTS: dict = {
                             "loo": "approx", "n_lambdas": 16, "lambda_min_ratio": 1.0e-3, "patience": 3,
                             "n_jobs": 2, "max_features": None},
     "clustering_part": {"top_k": 15},
+    # paired bootstrap over the evaluation items (entries, categories, features, pairs); 0 resamples: no intervals
+    "intervals_part": {"n_resamples": 1000, "confidence": 0.95, "seed": 0},
     "composition_part": {"queries": PAPER_TABLE2,
                          "neighbour_queries": ["boat", "car", "airplane", "dog", "goose", "horse", "drink", "fruit",
                                                "vegetable", "bathroom", "bedroom", "kitchen"],
@@ -162,6 +167,10 @@ def run_report(config: dict) -> Path:
                 keep = np.arange(min(pn["max_features"], len(norms.features)))
                 norms = lexical.PropertyNorms(norms.concepts, [norms.features[i] for i in keep],
                                               [norms.feature_types[i] for i in keep], norms.labels[:, keep], norms.path)
+        similarity_sets = (lexical.load_word_similarity_sets(cfg["word_similarity"]
+                                                             or lexical.default_path("word_similarity", root))
+                           if "word_similarity" in parts else [])
+    similarity_words = list(dict.fromkeys(w for _, pairs in similarity_sets for a, b, _ in pairs for w in (a, b)))
     comp = cfg["composition_part"]
     queries = [q["query"] for q in comp["queries"]]
     targets = [q["target"] for q in comp["queries"]]
@@ -176,7 +185,7 @@ def run_report(config: dict) -> Path:
             embedder = WordEmbedder(stream, e["batch_size"], e["pool_special_tokens"], e["max_length"], e["cache"],
                                     vocabulary_sample=e["vocabulary_sample"])
             texts = list(dict.fromkeys(semcat.words + vocabulary + queries + targets + comp["neighbour_queries"]
-                                       + comp["slope_queries"]
+                                       + comp["slope_queries"] + similarity_words
                                        + (norms.concept_texts(pn["keep_sense"]) if norms is not None else [])))
             table = dict(zip(texts, embedder.embed(texts)))
             emb[name] = {"table": table, "identity": stream.identity, "cache": str(embedder.cache_folder)}
@@ -184,6 +193,15 @@ def run_report(config: dict) -> Path:
 
     def E(name, words):
         return np.stack([emb[name]["table"][w] for w in words])
+
+    ip = cfg["intervals_part"]
+    found: list[intervals.Interval] = []
+
+    def interval(statistic, n_units: int, measure: str, units: str) -> None:
+        """A paired bootstrap row for the intervals table (none when intervals_part.n_resamples is 0)."""
+        if ip["n_resamples"] > 0 and len(names) > 0:
+            found.append(intervals.paired_bootstrap(statistic, n_units, names, measure, units, ip["n_resamples"],
+                                                    ip["confidence"], ip["seed"]))
 
     out = Path(cfg["out"])
     with atomic_path(out) as tmp:
@@ -221,6 +239,15 @@ def run_report(config: dict) -> Path:
                 ext.to_csv(tmp / "principal_component_extremes.csv", index=False)
                 concreteness.plot_categories(res, tmp / "fig3_concreteness.png", cp["label_categories"])
             n_rated = next(iter(res.values())).n_rated_entries
+            conc = np.asarray([ratings.get(w, np.nan) for w in semcat.words], dtype=np.float64)
+            rated = ~np.isnan(conc)  # the entries the word-level r is over (concreteness_analysis's)
+            interval(intervals.pearson_statistic(np.stack([res[n].entry_scores[rated, 0] for n in names]), conc[rated]),
+                     int(rated.sum()), "concreteness r (entries)", "rated SemCat entries")
+            cats = [res[n].categories for n in names]
+            ok = (cats[0].n_rated > 0).to_numpy()
+            interval(intervals.pearson_statistic(np.stack([c.mean_pc1.to_numpy()[ok] for c in cats]),
+                                                 cats[0].mean_concreteness.to_numpy()[ok]),
+                     int(ok.sum()), "concreteness r (categories)", "SemCat categories")
             md += ["## Table 1: PC1 vs human concreteness (Pearson r)\n",
                    f"{n_rated} rated SemCat entries; PC1 oriented so that concrete is positive.\n",
                    markdown_table(t1), "", "![Fig. 3](fig3_concreteness.png)\n",
@@ -251,6 +278,8 @@ def run_report(config: dict) -> Path:
                     print(f"[semantic_space]   {len(fits)} features, {X.shape[1]} dims, "
                           f"{time.perf_counter() - t0:.1f} s of fitting", flush=True)
             pd.concat([f.assign(model=n) for n, f in frames.items()]).to_csv(tmp / "property_norms_features.csv", index=False)
+            interval(intervals.mean_statistic(np.stack([frames[n]["f1"].to_numpy() for n in names])),
+                     len(norms.features), "property-norm F1 (features)", "CSLB features")
             summary = property_norms.summarise(frames, "f1")
             summary_loo = property_norms.summarise(frames, "loo_f1")
             summary.to_csv(tmp / "property_norms_summary.csv", index=False)
@@ -274,6 +303,14 @@ def run_report(config: dict) -> Path:
                 sil = {n: clustering.category_silhouettes(E(n, semcat.words), semcat.category_index, semcat.categories)
                        for n in names}
                 summary_c, gains = clustering.compare(sil, cfg["clustering_part"]["top_k"])
+                K = len(semcat.categories)
+                interval(intervals.mean_statistic(np.stack([sil[n].to_numpy() for n in names])), K,
+                         "silhouette (categories)", "SemCat categories")
+                nearest = {n: intervals.per_category_mean(
+                    intervals.nearest_category_correct(E(n, semcat.words), semcat.category_index, K),
+                    semcat.category_index, K) for n in names}
+                interval(intervals.mean_statistic(np.stack([nearest[n] for n in names])), K,
+                         "nearest-category accuracy (categories)", "SemCat categories")
                 pd.DataFrame(sil).rename_axis("category").to_csv(tmp / "silhouettes.csv")
                 summary_c.to_csv(tmp / "silhouette_summary.csv", index=False)
                 gains.to_csv(tmp / "silhouette_top_gains.csv", index=False)
@@ -318,6 +355,34 @@ def run_report(config: dict) -> Path:
             wide = nb.groupby(["query", "model"], sort=False).word.agg(", ".join).unstack("model")[names]
             md += [markdown_table(wide.reset_index()), ""]
             md += [f"![slope chart]({s}.png)\n" for s in slope_files]
+
+        # ---- word similarity (not in the paper; the 9 shared sets) ------------------------------
+        if "word_similarity" in parts:
+            with timer("word similarity"):
+                rows = []
+                for set_name, pairs in similarity_sets:
+                    gold = np.asarray([g for _, _, g in pairs], dtype=np.float64)
+                    cos = np.stack([intervals.cosine_rows(E(n, [a for a, _, _ in pairs]), E(n, [b for _, b, _ in pairs]))
+                                    for n in names])
+                    stat = intervals.spearman_statistic(cos, gold)
+                    rho = stat(np.arange(len(pairs))[None])[:, 0]
+                    rows.append({"set": set_name, "pairs": len(pairs), **dict(zip(names, rho))})
+                    interval(stat, len(pairs), f"word similarity: {set_name}", "pairs")
+                ws = pd.DataFrame(rows)
+                ws.to_csv(tmp / "word_similarity.csv", index=False)
+            md += ["## Word similarity (Spearman rho, cosine of the word embeddings)\n",
+                   "Not one of VG-BERT's analyses: the 9 shared sets, for a reader comparing with SemCLIP's STE report.\n",
+                   markdown_table(ws), ""]
+
+        if found:
+            frame = pd.DataFrame([r for iv in found for r in iv.rows()])
+            frame.to_csv(tmp / "intervals.csv", index=False)
+            md += ["## Paired bootstrap intervals\n",
+                   f"Each cell: the value on all units [{100 * ip['confidence']:.0f} % percentile interval, "
+                   f"{ip['n_resamples']} resamples of the units, seed {ip['seed']}]. Δ: the model minus {names[0]}, "
+                   "paired (the same resamples); * = the interval excludes 0. The fitted parts (PCA axes, classifiers) "
+                   "stay fixed; the units are resampled. `paper`: the direction VG-BERT reports after grounding.\n",
+                   intervals.markdown(found), ""]
 
         timings = {k: round(v, 2) for k, v in timer.times.items()}
         md += ["## Timings (seconds)\n", markdown_table(pd.DataFrame({"part": list(timings), "seconds": list(timings.values())})), ""]

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from data_modules.lexical import read_simlex_release, read_word_similarity
 from data_modules.wordnet_lists import SimilarityListConfig, SimilarityLists, config_key, lemma_surface, load_or_build
 from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.errors import MissingInputError, UserInputError
@@ -253,23 +254,6 @@ def coverage_from_neighbours(neighbour_forms: Sequence[Sequence[str]], queries: 
 # ------------------------------------------------------------------------------------------
 # Table 2: word similarity
 # ------------------------------------------------------------------------------------------
-def read_word_similarity(path: str | Path) -> list[tuple[str, str, float]]:
-    """``w1<TAB>w2<TAB>score`` lines (blank lines and ``#`` comments skipped)."""
-    path = Path(path)
-    pairs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        parts = line.split("\t") if "\t" in line else line.split()
-        if len(parts) != 3:
-            raise ValueError(f"{path}:{n}: expected 'w1<TAB>w2<TAB>score', got {line!r}")
-        try:
-            pairs.append((parts[0].strip(), parts[1].strip(), float(parts[2])))
-        except ValueError as e:
-            raise ValueError(f"{path}:{n}: score {parts[2]!r} is not a number (expected 'w1<TAB>w2<TAB>score')") from e
-    return pairs
-
-
 def wordnet_noun(word: str, wn) -> bool:
     return bool(wn.synsets(word.replace(" ", "_"), pos="n"))
 
@@ -326,24 +310,6 @@ def word_similarity_table(datasets: Sequence, scorers: dict[str, Callable[[str, 
 SIMLEX_BLOCKS = (("A", 111), ("N", 666), ("V", 222))
 SIMLEX_EDGES = {0: ("old", "new"), 110: ("dirty", "narrow"), 111: ("wife", "husband"), 776: ("bowl", "tail"),
                 777: ("go", "come"), 998: ("attend", "arrive")}
-SIMLEX_HEADER = ("word1", "word2", "POS", "SimLex999")
-
-
-def read_simlex_release(path: str | Path) -> tuple[list[tuple[str, str, float]], list[str]] | None:
-    """The original release's layout (a header ``word1 word2 POS SimLex999 ...``): its pairs and POS column;
-    None for any other file."""
-    lines = [line for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    if not lines or tuple(lines[0].split("\t")[:4]) != SIMLEX_HEADER:
-        return None
-    pairs, pos = [], []
-    for n, line in enumerate(lines[1:], 2):
-        parts = line.split("\t")
-        try:
-            pairs.append((parts[0].strip(), parts[1].strip(), float(parts[3])))
-        except (IndexError, ValueError) as e:
-            raise ValueError(f"{path}:{n}: expected the SimLex-999 release's columns (word1 word2 POS SimLex999 ...)") from e
-        pos.append(parts[2].strip().upper())
-    return pairs, pos
 
 
 def simlex_parts_of_speech(pairs: Sequence[tuple[str, str, float]]) -> list[str] | None:

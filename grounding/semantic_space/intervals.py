@@ -1,0 +1,170 @@
+"""Paired bootstrap intervals for the semantic-space measures, so a reader sees which moves between two language
+streams are real.
+
+Every measure is a statistic over units (rated SemCat entries, SemCat categories, CSLB features, word-similarity
+pairs). One resampling of the units (with replacement, seeded) is shared by every model, so each model gets a 95 %
+percentile interval and each later model a *paired* interval of its difference to the first (the reference, "before
+grounding"); a difference whose interval excludes 0 is marked. The models' fitted parts (PCA axes, PC1's sign,
+the property-norm classifiers) are held fixed: the intervals are over the evaluation items, not over refits.
+
+Statistics are vectorised over resamples: an (R, n) index matrix gathers every resample at once; Pearson r is
+computed row-wise, Spearman's rho as Pearson r of row-wise ranks (scipy.stats.rankdata, ties averaged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy import stats
+
+# What VG-BERT reports for each measure after grounding (the direction a reader checks a result against).
+PAPER_DIRECTION = {
+    "concreteness r (entries)": "up (Table 1: Bert 0.10 → Grounded 0.66)",
+    "concreteness r (categories)": "up (Table 1: Bert 0.35 → Grounded 0.87)",
+    "silhouette (categories)": "up (§4.3, Fig. 5: categories cluster better)",
+    "nearest-category accuracy (categories)": "up (§4.3: categorisation improves)",
+    "property-norm F1 (features)": "up (§4.2, Fig. 4: more features predictable)",
+    "word similarity": "not measured in the paper",
+}
+
+
+@dataclass
+class Interval:
+    """One measure for every model: value on all units, percentile interval, and the paired difference to model 0."""
+    measure: str
+    units: str
+    n_units: int
+    models: list[str]
+    value: np.ndarray       # (M,)
+    low: np.ndarray         # (M,)
+    high: np.ndarray        # (M,)
+    diff: np.ndarray        # (M,) value - value[0]
+    diff_low: np.ndarray    # (M,)
+    diff_high: np.ndarray   # (M,)
+
+    def rows(self) -> list[dict]:
+        return [dict(measure=self.measure, units=self.units, n_units=self.n_units, model=m,
+                     value=float(self.value[i]), low=float(self.low[i]), high=float(self.high[i]),
+                     diff=float(self.diff[i]), diff_low=float(self.diff_low[i]), diff_high=float(self.diff_high[i]))
+                for i, m in enumerate(self.models)]
+
+
+def resample_indices(n: int, n_resamples: int, seed: int) -> np.ndarray:
+    """(R, n) indices of R resamples with replacement of n units (seeded)."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def paired_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_units: int, models: Sequence[str],
+                     measure: str, units: str, n_resamples: int = 1000, confidence: float = 0.95,
+                     seed: int = 0) -> Interval:
+    """``statistic(idx)`` maps an (R, n) index matrix to (M, R) values (one per model and resample); the full-sample
+    value is ``statistic(arange(n)[None])``. Percentile intervals of each model and of each model minus model 0,
+    from the same resamples."""
+    full = np.asarray(statistic(np.arange(n_units)[None]), dtype=np.float64)[:, 0]
+    boot = np.asarray(statistic(resample_indices(n_units, n_resamples, seed)), dtype=np.float64)
+    alpha = 100 * (1 - confidence) / 2
+    low, high = np.nanpercentile(boot, [alpha, 100 - alpha], axis=1)
+    d = boot - boot[:1]
+    d_low, d_high = np.nanpercentile(d, [alpha, 100 - alpha], axis=1)
+    return Interval(measure, units, n_units, list(models), full, low, high, full - full[0], d_low, d_high)
+
+
+def mean_statistic(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """(M, n) per-unit values -> the mean of each resample (NaN units ignored)."""
+    values = np.asarray(values, dtype=np.float64)
+    return lambda idx: np.nanmean(values[:, idx], axis=-1)
+
+
+def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r along the last axis of equally shaped arrays."""
+    x = x - x.mean(-1, keepdims=True)
+    y = y - y.mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (x * y).sum(-1) / np.sqrt((x * x).sum(-1) * (y * y).sum(-1))
+
+
+def pearson_statistic(scores: np.ndarray, target: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """(M, n) model scores and (n,) human values -> each model's Pearson r per resample."""
+    scores, target = np.asarray(scores, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    return lambda idx: rowwise_pearson(scores[:, idx], target[idx][None])
+
+
+def spearman_statistic(scores: np.ndarray, target: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """(M, n) model scores and (n,) human values -> each model's Spearman rho per resample (ties averaged)."""
+    scores, target = np.asarray(scores, dtype=np.float64), np.asarray(target, dtype=np.float64)
+
+    def statistic(idx):
+        t = stats.rankdata(target[idx], axis=-1)[None]
+        return rowwise_pearson(stats.rankdata(scores[:, idx], axis=-1), t)
+
+    return statistic
+
+
+# ------------------------------------------------------------------------------------------- per-unit measures
+def nearest_category_correct(embeddings: np.ndarray, category_index: np.ndarray,
+                             n_categories: int | None = None) -> np.ndarray:
+    """Leave-one-out categorisation of each SemCat entry: 1.0 when the category whose members are closest on average
+    (cosine, the entry itself left out of its own category, as Eq. 12's a(i)) is the entry's own, else 0.0; NaN
+    for entries of single-word categories. SemCat categories overlap, so another category holding the same word
+    can win: the measure is strict."""
+    x = np.asarray(embeddings, dtype=np.float64)
+    u = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    k = np.asarray(category_index)
+    K = int(k.max()) + 1 if n_categories is None else n_categories
+    sums = np.zeros((K, u.shape[1]))
+    np.add.at(sums, k, u)
+    sizes = np.bincount(k, minlength=K).astype(np.float64)
+    rows = np.arange(len(k))
+    similarity = u @ sums.T                                   # (n, K) summed cosine to each category
+    similarity[rows, k] -= 1.0                                # leave the entry out of its own category
+    count = np.broadcast_to(sizes, similarity.shape).copy()
+    count[rows, k] -= 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, similarity / count, -np.inf)
+    correct = (mean.argmax(1) == k).astype(np.float64)
+    correct[sizes[k] < 2] = np.nan
+    return correct
+
+
+def per_category_mean(values: np.ndarray, category_index: np.ndarray, n_categories: int) -> np.ndarray:
+    """The mean of per-entry values over each category's entries (NaN entries left out; NaN for empty ones)."""
+    v = np.asarray(values, dtype=np.float64)
+    k = np.asarray(category_index)
+    ok = ~np.isnan(v)
+    sums = np.bincount(k[ok], weights=v[ok], minlength=n_categories)
+    counts = np.bincount(k[ok], minlength=n_categories)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of each row of ``a`` with the same row of ``b``."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+# ------------------------------------------------------------------------------------------- report table
+def _num(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{x:.3f}"
+
+
+def markdown(intervals: Sequence[Interval]) -> str:
+    """One row per measure: each model's value [interval], each later model's Δ [paired interval] (* = excludes
+    0), and the paper's direction."""
+    if not intervals:
+        return ""
+    models = intervals[0].models
+    head = ["measure", "units"] + list(models) + [f"Δ {m} − {models[0]}" for m in models[1:]] + ["paper"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for iv in intervals:
+        cells = [iv.measure, f"{iv.n_units} {iv.units}"]
+        cells += [f"{_num(iv.value[i])} [{_num(iv.low[i])}, {_num(iv.high[i])}]" for i in range(len(models))]
+        for i in range(1, len(models)):
+            star = " *" if iv.diff_low[i] > 0 or iv.diff_high[i] < 0 else ""
+            cells.append(f"{iv.diff[i]:+.3f} [{iv.diff_low[i]:+.3f}, {iv.diff_high[i]:+.3f}]{star}")
+        direction = next((v for k, v in PAPER_DIRECTION.items() if iv.measure.startswith(k)), "")
+        lines.append("| " + " | ".join(cells + [direction]) + " |")
+    return "\n".join(lines)
