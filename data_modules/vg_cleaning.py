@@ -35,7 +35,6 @@ from typing import Iterable, Sequence
 
 from grounding.errors import UserInputError
 from grounding.lexicon import wordnet
-from grounding.paths import cache_dir
 from grounding.utils.io import atomic_write_json, sha1_of_file, sha1_of_json
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
@@ -381,16 +380,6 @@ class CleanedVGLabelMapping:
                                   "regenerate it with `python -m data_modules.vg_cleaning`.")
         return cls(data["object_classes"], data["relation_labels"], data["predicate_map"],
                    data.get("synset_classes"), data.get("split"), source=str(path))
-
-    @classmethod
-    def from_root(cls, root: str | Path, out: str | Path | None = None, **params) -> "CleanedVGLabelMapping":
-        """Clean ``root`` (cached under grounding.paths.cache_dir() unless ``out``) and load the mapping."""
-
-        root = Path(root)
-        if out is None:
-            out = cache_dir() / "vg_cleaning" / f"{sha1_of_json([str(root.resolve()), params])[:16]}.json"
-        clean_visual_genome(root, out, verbose=False, **params)
-        return cls.from_file(out)
 
     @property
     def kept_image_ids(self) -> set:

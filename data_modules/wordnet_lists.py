@@ -176,11 +176,6 @@ class SimilarityLists:
                    scores=np.asarray(scores, np.float32), anchors=np.asarray(anchors, np.int64),
                    metadata=dict(metadata or {}))
 
-    def restrict(self, anchors: Sequence[str]) -> "SimilarityLists":
-        """The lists of the given anchors only (vocabulary: those anchors plus their list members)."""
-        mapping = {a: self.list_of(a) for a in anchors if a in self.index}
-        return SimilarityLists.from_mapping(mapping, metadata=dict(self.metadata, restricted=len(mapping)))
-
 
 # ------------------------------------------------------------------------------------------
 # WordNet graph with an exact, cached Wu–Palmer similarity

@@ -83,11 +83,3 @@ def gather_no_grad(x: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
 
 class _Ctx:  # stand-in for autograd's ctx when the forward is called directly
     pass
-
-
-def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
-    if not is_distributed():
-        return x
-    x = x.detach().clone()
-    dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x / world_size()
