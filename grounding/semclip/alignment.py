@@ -25,9 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
-from grounding.composer.parsing import load_spacy
 from grounding.errors import MissingInputError
-from grounding.lexicon import wordnet
+from grounding.lexicon import load_spacy, wordnet
 from grounding.nets import RecordedNet, net_hparams
 from grounding.retrieval import break_ties
 from grounding.semclip.evaluation import TextEncoderEmbedder
