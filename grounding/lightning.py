@@ -98,9 +98,10 @@ class GroundingModule(LightningModule):
         best = ModelCheckpoint(dirpath=dirpath, monitor=self.monitor, mode=self.monitor_mode, save_top_k=1,
                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)
         # save_on_train_epoch_end: every epoch, also those without a validation (check_val_every_n_epoch > 1)
-        last = ModelCheckpoint(dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
-                               enable_version_counter=False, save_on_train_epoch_end=True)
-        callbacks = [best, last, FitRecord(), EpochSummary(), ResultsTable(), TrainingImages()]
+        record = FitRecord()
+        last = LastCheckpoint(record, dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
+                              enable_version_counter=False, save_on_train_epoch_end=True)
+        callbacks = [best, last, record, EpochSummary(), ResultsTable(), TrainingImages()]
         return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
 
 
@@ -113,7 +114,9 @@ def scale_group_lrs(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 class FitRecord(Callback):
     """``<default_root_dir>/fit_record.json``: the wall time and epochs of the run's training, rewritten
-    (atomically) after every training epoch. A resumed fit (``--ckpt_path``) continues the record: segments
+    (atomically) after every training epoch, by :class:`LastCheckpoint` once that epoch's ``last.ckpt`` is saved
+    (alone, when no LastCheckpoint holds it), so a failed checkpoint write leaves the record at the checkpoint's
+    epoch. A resumed fit (``--ckpt_path``) continues the record: segments
     from the restored epoch on are dropped (a resume from an earlier checkpoint retrains them) and a new one
     added; a fresh fit starts a new record, written when its first epoch ends. The leaderboard reads it for its training-time
     column. Only global rank 0 writes."""
@@ -141,21 +144,42 @@ class FitRecord(Callback):
         # written at the first epoch's end, with the first checkpoint: a fit that fails before leaves the folder's
         # earlier record as it was
 
+    held: bool = False  # set by a LastCheckpoint that writes the record after its save
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self.started is None or not self.segments or trainer.sanity_checking:
             return
         segment = self.segments[-1]
         segment.update(seconds=round(time.perf_counter() - self.started, 1), epochs=int(trainer.current_epoch) + 1
                        - segment["first_epoch"], last_epoch=int(trainer.current_epoch), steps=int(trainer.global_step))
-        self._write(trainer)
+        if not self.held:
+            self.write(trainer)
 
-    def _write(self, trainer) -> None:
-        if not trainer.is_global_zero or trainer.fast_dev_run:
+    def write(self, trainer) -> None:
+        """The record as it stands (after the epoch's update), atomically; rank 0 only, never in fast_dev_run."""
+        if not self.segments or self.segments[-1]["epochs"] == 0 or not trainer.is_global_zero or trainer.fast_dev_run:
             return
         atomic_write_json(Path(trainer.default_root_dir) / FIT_RECORD, {
             "seconds": round(sum(s["seconds"] for s in self.segments), 1),
             "epochs": sum(int(s.get("epochs", 0)) for s in self.segments), "steps": int(trainer.global_step),
             "devices": int(trainer.num_devices), "segments": self.segments}, indent=2)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` at every training epoch's end (a ModelCheckpoint), then the run's :class:`FitRecord`: written
+    only after the checkpoint's save returned, so ``fit_record.json`` never counts an epoch that ``last.ckpt`` lacks
+    (a full disk or an unwritable folder stops the fit with the two in agreement). Lightning runs checkpoint
+    callbacks after the others, so the record already holds the epoch."""
+
+    def __init__(self, record: FitRecord, **kwargs):
+        super().__init__(**kwargs)
+        self.record = record
+        record.held = True
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not trainer.sanity_checking:
+            self.record.write(trainer)
 
 
 def _until_epoch(segment: dict, epoch: int) -> dict:

@@ -189,6 +189,38 @@ def test_fit_record_segments_fresh_and_resumed(tmp_path):
     assert run(0, 0)["epochs"] == 1 and len(json.loads((tmp_path / FIT_RECORD).read_text())["segments"]) == 1  # fresh
 
 
+def test_fit_record_agrees_with_last_ckpt_after_a_failed_save(tmp_path, monkeypatch):
+    """A checkpoint write that fails (a full disk) stops the fit; fit_record.json then counts the epochs that
+    last.ckpt holds, not one more."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from grounding.lightning import FIT_RECORD, FitRecord, LastCheckpoint
+
+    record = FitRecord()
+    last = LastCheckpoint(record, dirpath=tmp_path / "checkpoints", monitor=None, save_top_k=1, filename="last",
+                          enable_version_counter=False, save_on_train_epoch_end=True)
+    trainer = pl.Trainer(max_epochs=4, callbacks=[last, record], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, limit_train_batches=2,
+                         limit_val_batches=0, accelerator="cpu")
+    saves = []
+    real = trainer.save_checkpoint
+
+    def save(*args, **kwargs):
+        saves.append(args[0])
+        if len(saves) == 3:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.fit(BoringModel())
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["epoch"] == 1  # epochs 0 and 1 were saved, epoch 2's save failed
+    assert json.loads((tmp_path / FIT_RECORD).read_text())["epochs"] == saved["epoch"] + 1 == 2
+
+
 def test_a_baselines_checkpoint_tests_with_composers_table2_style_config(tiny_world, tmp_path, monkeypatch):
     """Table 2's test configs are COMPOSER's; a VSE checkpoint tested with one switches to VSETraining (the
     checkpoint carries its LightningModule) and gives the numbers of its own config's test."""
