@@ -31,7 +31,14 @@ from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, requ
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import EXPERIMENTS_DIR
-from grounding.run_folder import RunLock, best_checkpoint, check_fit_target, write_run_config, write_run_metrics
+from grounding.run_folder import (
+    RunLock,
+    best_checkpoint,
+    check_fit_target,
+    check_writable_folder,
+    write_run_config,
+    write_run_metrics,
+)
 from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries, init_checkpoints
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
@@ -185,6 +192,9 @@ class GroundingCLI(LightningCLI):
                 init_args.save_dir = trainer.default_root_dir or "outputs"
         # (after the settings above, so the config compared is the one config.yaml will hold)
         first_process = rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+        if first_process and not config.trainer.get("fast_dev_run"):
+            # fit / test / validate write into it: a file in the way or a read-only place is one line, exit 2
+            check_writable_folder(config.trainer.default_root_dir or "outputs")
         if self.subcommand == "fit" and first_process and not config.trainer.get("fast_dev_run"):
             # the run folder: refused when another run owns it (grounding/run_folder.py); DDP ranks > 0 skip this
             root = config.trainer.default_root_dir or "outputs"

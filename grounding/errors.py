@@ -4,7 +4,9 @@ Every error about what a user gave (a data file or folder, a config value, a che
 caption file, a query image) derives from :class:`UserInputError`, whatever else it is (``FileNotFoundError``,
 ``ValueError``). The command-line entry points run inside :func:`user_errors_exit`: such an error prints its
 message alone (it names the file, what was expected and the fix) and exits with status 2; ``GROUNDING_DEBUG=1``
-shows the traceback instead. Anything else is a bug and keeps its traceback.
+shows the traceback instead. So does a write the machine refused (a full disk, an exceeded quota, a read-only
+file system: :func:`find_write_refusal`): every file the suite writes goes through a temporary name and a rename,
+so what was already written stays whole. Anything else is a bug and keeps its traceback.
 
 :func:`offline_hub_by_default` makes the entry points offline unless the user says otherwise
 (``HF_HUB_OFFLINE=0``): nothing here is downloaded at run time.
@@ -13,6 +15,7 @@ shows the traceback instead. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 
@@ -42,6 +45,22 @@ def find_user_error(error: BaseException | None) -> UserInputError | None:
     return None
 
 
+WRITE_REFUSALS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                  errno.EROFS: "the file system is read-only"}
+
+
+def find_write_refusal(error: BaseException | None) -> OSError | None:
+    """``error`` or an error it was raised from / while handling that is an ``OSError`` of :data:`WRITE_REFUSALS`
+    (the machine, not the code: a full disk during a checkpoint save)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in WRITE_REFUSALS:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def one_line(error: BaseException) -> str:
     """The message as printed: the error's own text (its lines kept: Expected / Fix). An error re-raised from a
     DataLoader worker carries the worker's traceback in its text; only the original message is kept."""
@@ -59,10 +78,17 @@ def user_errors_exit(prog: str):
     try:
         yield
     except Exception as e:  # KeyboardInterrupt and SystemExit pass through
-        found = find_user_error(e)
-        if found is None or debug_enabled():
+        found, refused = find_user_error(e), find_write_refusal(e)
+        if (found is None and refused is None) or debug_enabled():
             raise
-        print(f"{prog}: error: {one_line(found)}", file=sys.stderr)
+        if found is None:
+            where = f" {refused.filename}" if refused.filename else ""
+            message = (f"could not write{where}: {WRITE_REFUSALS[refused.errno]} ({refused.strerror}). Files already "
+                       "written are whole (each is written under a temporary name, then renamed); free space or "
+                       "choose another output folder and run the command again (a fit resumes with --ckpt_path last).")
+        else:
+            message = one_line(found)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         if not os.environ.get(DEBUG_ENV):
             print(f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None

@@ -84,6 +84,26 @@ def set_aside(root: str | os.PathLike) -> Path:
     return dest
 
 
+def check_writable_folder(root: str | os.PathLike) -> Path:
+    """``root`` as a folder this process can write to, created when missing; else a :class:`RunFolderError`
+    naming it: a file in the way (the folder or one of its parents), a parent that cannot be created, a read-only
+    file system or missing permissions. Checked before any model is built, so nothing is trained in vain."""
+    path = Path(root).expanduser()
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            raise RunFolderError(f"Output folder {path}: {folder} is a file, not a folder; choose another "
+                                 "--trainer.default_root_dir or move the file.")
+    fix = "choose a writable --trainer.default_root_dir"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise RunFolderError(f"Output folder {path} cannot be written ({e.strerror or e}); {fix}.") from None
+    return path
+
+
 def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, overwrite: bool) -> None:
     """Refuse a fit into a folder holding another config's checkpoints (see the module docstring); with
     ``overwrite`` the earlier run is set aside (:func:`set_aside`) instead."""

@@ -168,6 +168,10 @@ def _cases(i):
          ">= 0"),
         ("max_epochs_zero", g, ["fit", "--config", s1, "--trainer.max_epochs", "0"], "max_epochs 0", ">= 1"),
         ("gpu_without_one", g, ["fit", "--config", s1, "--trainer.accelerator", "gpu"], "accelerator gpu", "cpu"),
+        ("output_folder_is_a_file", g, ["fit", "--config", s1, "--trainer.default_root_dir", str(d / "garbage.ckpt")],
+         str(d / "garbage.ckpt"), "default_root_dir"),
+        ("output_folder_under_a_file", g, ["test", "--config", s1, "--trainer.default_root_dir",
+                                           str(d / "garbage.ckpt" / "run")], "is a file", "default_root_dir"),
         ("config_yaml_tab", g, ["test", "--config", s1, "--config", str(d / "tabs.yaml")], "tabs.yaml:2:1",
          "fix the file"),
         ("text_encoder_weights_missing", g,
@@ -218,7 +222,7 @@ BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_li
                     "ckpt_path_last_without_run", "ckpt_path_of_another_model", "option_typo", "config_missing",
                     "config_yaml_syntax", "config_yaml_tab",
                     "batch_size_zero", "temperature_negative", "lr_zero", "num_workers_negative", "max_epochs_zero",
-                    "gpu_without_one",
+                    "gpu_without_one", "output_folder_is_a_file", "output_folder_under_a_file",
                     "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 
@@ -248,6 +252,27 @@ def test_bad_input_is_one_message_exit_2_and_loses_nothing(case, inputs, earlier
     assert names in err and fix in err, err
     assert "Traceback" not in err and "DataLoader worker" not in err
     assert unchanged(), "an earlier run's file changed"
+
+
+def test_a_full_disk_is_one_message_exit_2(inputs, capsys, monkeypatch, tmp_path):
+    """A checkpoint save refused by the machine (ENOSPC) ends the fit with one line naming the cause, exit 2."""
+    import errno
+
+    from lightning.pytorch import Trainer
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GROUNDING_DEBUG", raising=False)
+
+    def full(self, filepath, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(filepath))
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", full)
+    code, err = run_entry("grounding", ["fit", "--config", str(inputs["stage1"]), "--trainer.default_root_dir",
+                                        str(tmp_path / "run")], capsys)
+    assert code == 2 and "Traceback" not in err, err
+    message = [line for line in err.splitlines() if "error:" in line]
+    assert len(message) == 1 and "the disk is full" in message[0] and "checkpoints" in message[0], err
+    assert "--ckpt_path last" in message[0]
 
 
 def test_debug_env_shows_the_traceback(inputs, capsys, monkeypatch):
