@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from data_modules import lexical
+from grounding.checkpoints import checkpoint_class, require_checkpoint_of
 from grounding.semantic_space import clustering, composition, concreteness, intervals, property_norms
-from grounding.semantic_space.embeddings import WordEmbedder, load_language_stream
+from grounding.semantic_space.embeddings import LanguageStreamError, WordEmbedder, load_language_stream
 from grounding.utils.io import atomic_path
 
 PARTS = ("concreteness", "property_norms", "clustering", "composition", "word_similarity")
@@ -42,7 +43,7 @@ PAPER_TABLE2 = [
 PAPER_TABLE1 = {"Bert": (0.1040, 0.3538), "Grounded": (0.6615, 0.8749), "Relational Grounded": (0.6948, 0.8001)}
 
 DEFAULTS: dict = {
-    "models": [],                 # [{source, name, prefix, text_encoder, tokenizer}] or plain source strings
+    "models": [],                 # [{source, name, prefix, text_encoder, tokenizer, model_class}] or source strings
     "data_root": None,            # default grounding.paths.shared_data_dir()
     "semcat": None, "concreteness": None, "cslb": None,
     "word_similarity": None,      # folder of w1<TAB>w2<TAB>score sets (default: the shared word-similarity/)
@@ -89,7 +90,7 @@ def merge_config(overrides: dict | None) -> dict:
         m = {"source": m} if isinstance(m, str) else dict(m)
         if "source" not in m:
             raise ValueError(f"model entry {m} needs a 'source' (a text encoder name or a .ckpt path)")
-        models.append({"name": None, "prefix": "auto", "text_encoder": None, "tokenizer": None, **m})
+        models.append({"name": None, "prefix": "auto", "text_encoder": None, "tokenizer": None, "model_class": None, **m})
     if not models:
         raise ValueError("no models given: pass --models minilm [path/to.ckpt ...] or `models:` in the YAML config")
     names = [m["name"] or (Path(m["source"]).stem if Path(m["source"]).expanduser().is_file() else m["source"])
@@ -100,6 +101,25 @@ def merge_config(overrides: dict | None) -> dict:
         m["name"] = n
     cfg["models"] = models
     return cfg
+
+
+def check_model_classes(models: list[dict]) -> None:
+    """Before any work: a model whose ``model_class`` is set (a LightningModule class path, e.g.
+    ``grounding.vgbert.pretrain.GroundingPretrain``) must be a checkpoint of that class or a subclass; another
+    model's checkpoint is a one-line error naming both (grounding.checkpoints.require_checkpoint_of)."""
+    import importlib
+
+    for m in models:
+        if not m.get("model_class"):
+            continue
+        module, _, name = str(m["model_class"]).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            raise LanguageStreamError(f"model {m['name']!r}: model_class {m['model_class']!r} is not an importable "
+                                      "class path (e.g. grounding.vgbert.pretrain.GroundingPretrain)") from None
+        require_checkpoint_of(m["source"], cls, f"model {m['name']!r}: source",
+                              f"give a {name} checkpoint or change model_class")
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,6 +165,7 @@ def run_report(config: dict) -> Path:
     """Run the analyses in ``config`` (see ``DEFAULTS``) and write the report folder; returns it."""
 
     cfg = merge_config(config)
+    check_model_classes(cfg["models"])
     parts = [p for p in PARTS if p in cfg["parts"]]
     timer = _Timer()
     root = cfg["data_root"]
@@ -189,6 +210,8 @@ def run_report(config: dict) -> Path:
                                        + (norms.concept_texts(pn["keep_sense"]) if norms is not None else [])))
             table = dict(zip(texts, embedder.embed(texts)))
             emb[name] = {"table": table, "identity": stream.identity, "cache": str(embedder.cache_folder)}
+            if Path(spec["source"]).expanduser().is_file():  # the report says which model each checkpoint holds
+                emb[name]["checkpoint_class"] = checkpoint_class(Path(spec["source"]).expanduser())
             del stream, embedder
 
     def E(name, words):
@@ -207,7 +230,10 @@ def run_report(config: dict) -> Path:
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         md = ["# Semantic-space evaluation (VG-BERT §4.1-4.4)\n",
-              "Models (first = reference): " + ", ".join(f"**{n}** (`{m['source']}`)" for n, m in zip(names, cfg["models"]))
+              "Models (first = reference): " + ", ".join(
+                  f"**{n}** (`{m['source']}`" + (f", a `{emb[n]['checkpoint_class'].rpartition('.')[2]}` checkpoint"
+                                                 if emb[n].get("checkpoint_class") else "") + ")"
+                  for n, m in zip(names, cfg["models"]))
               + ".\n",
               f"SemCat: {len(semcat.categories)} categories, {len(semcat.words)} entries, {len(vocabulary)} vocabulary "
               f"words. Embeddings: `[CLS] w [SEP]`, last layer averaged "
