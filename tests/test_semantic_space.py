@@ -359,8 +359,9 @@ def test_cli_reads_the_report_configs_and_flags_win():
     cfg = _cli_config(["--models", "minilm", "a.ckpt", "--names", "M", "G", "--prefix", "auto", "model.bert.",
                        "--vocabulary-sample", "64", "--n-components", "5"])
     assert cfg["models"] == [
-        {"name": "M", "prefix": "auto", "text_encoder": None, "tokenizer": None, "source": "minilm"},
-        {"name": "G", "prefix": "model.bert.", "text_encoder": None, "tokenizer": None, "source": "a.ckpt"}]
+        {"name": "M", "prefix": "auto", "text_encoder": None, "tokenizer": None, "model_class": None, "source": "minilm"},
+        {"name": "G", "prefix": "model.bert.", "text_encoder": None, "tokenizer": None, "model_class": None,
+         "source": "a.ckpt"}]
     assert cfg["embedding"]["vocabulary_sample"] == 64 and cfg["property_norms_part"]["n_components"] == 5
 
 
