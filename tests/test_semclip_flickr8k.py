@@ -67,12 +67,18 @@ def test_per_query_metrics_average_to_torchmetrics():
 
 
 # ------------------------------------------------------------------------------------------------ relevance
-def test_synonym_augmented_relevance_on_a_hand_made_case():
+def test_synonym_augmented_relevance_on_a_hand_made_case(tmp_path, monkeypatch):
+    import grounding.semclip.photo_evaluation as pe
     from grounding.semclip.photo_evaluation import caption_noun_senses, group_queries, image_kinds, noun_groups, synset_of
     from grounding.semclip.stability import relevance, synonym_pairs
 
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     captions = ["A red car near a tree .", "An automobile on the road .", "A dog runs on the grass ."]
     senses = caption_noun_senses(captions)
+    # kept per caption: a second call (any order) extracts nothing again and gives the same senses
+    assert caption_noun_senses(captions, cache=False) == senses
+    monkeypatch.setattr(pe, "caption_nouns", lambda *a: pytest.fail("a cached caption was tagged again"))
+    assert caption_noun_senses(captions[::-1]) == senses[::-1]
     assert [n for n, _ in senses[0]] == ["car", "tree"] and senses[0][0][1] == "car.n.01"
     assert senses[1][0] == ("automobile", "car.n.01")  # synonyms land on one sense
     groups = {g.noun: g for g in noun_groups(senses)}
