@@ -223,8 +223,14 @@ def _peak_rss_gib() -> float:
     return kib / 2**20
 
 
-def memory_child(images: int, captions_per_image: int, batch: int) -> None:
-    """Runs in a fresh process: the test loop of stage 1 on random paper-shape features; prints JSON."""
+def memory_child(images: int, captions_per_image: int, batch: int, suite_start: int = 1) -> None:
+    """Runs in a fresh process: the test loop of stage 1 on random paper-shape features; prints JSON.
+    ``suite_start``: 1 starts as ``python -m grounding test`` does (glibc's mmap threshold fixed,
+    grounding.utils.memory), 0 keeps glibc's dynamic threshold."""
+    from grounding.utils.memory import fix_mmap_threshold
+
+    if suite_start:
+        fix_mmap_threshold()
     warnings.filterwarnings("ignore")
     net = MatchMapGrounding(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4,
                             trainable_layers=1, image_size=32)
@@ -241,28 +247,31 @@ def memory_child(images: int, captions_per_image: int, batch: int) -> None:
                       "rsum": metrics["test/rsum"]}))
 
 
-def _memory_run(images: int, per: int, batch: int, env: dict | None = None) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", str(images), str(per), str(batch)],
-                         capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
+def _memory_run(images: int, per: int, batch: int, suite_start: bool = True) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}  # nothing set by hand
+    out = subprocess.run([sys.executable, __file__, "--memory-child", str(images), str(per), str(batch),
+                          str(int(suite_start))], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_eval_memory(sizes: list[tuple[int, int]], batch: int, runs: int = 3) -> None:
-    """Peak RSS of fresh processes running the test loop; glibc's default allocator in ``runs`` processes (its
-    dynamic mmap threshold lets some runs keep freed fp32 model outputs as heap holes), and once with the
-    threshold fixed at 4 MiB (``MALLOC_MMAP_THRESHOLD_``), which returns every large freed tensor at once."""
+    """Peak RSS of fresh processes running the test loop, no environment variable set: ``runs`` processes started
+    as ``python -m grounding test`` starts (glibc's mmap threshold fixed at 4 MiB by grounding.utils.memory, so
+    every large freed tensor returns to the system), and ``runs`` with glibc's dynamic threshold (which lets some
+    runs keep freed fp32 model outputs as heap holes)."""
     print("\n[evaluation memory: stage-1 test loop, random features 14x14x768 / T=16 stored fp16; peak RSS of fresh "
-          "processes]")
+          "processes, no environment variable]")
     print(f"{'images x captions':<20}{'features':>10}{'scores':>8}{'before test':>13}"
-          f"{f'peak RSS, {runs} runs (glibc default)':>34}{'MALLOC_MMAP_THRESHOLD_=4MiB':>30}")
+          f"{f'peak RSS, {runs} runs (the suite)':>34}{f'{runs} runs (glibc dynamic threshold)':>38}")
     for images, captions in sizes:
         per = captions // images
-        default = [_memory_run(images, per, batch) for _ in range(runs)]
-        fixed = _memory_run(images, per, batch, {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)})
+        suite = [_memory_run(images, per, batch) for _ in range(runs)]
+        dynamic = [_memory_run(images, per, batch, suite_start=False) for _ in range(runs)]
         features = (images * SIDE * SIDE + captions * TOKENS) * WIDTH * 2 / 2**30
-        peaks = " / ".join(f"{r['peak_gib']:.2f}" for r in default)
+        peaks = " / ".join(f"{r['peak_gib']:.2f}" for r in suite)
+        other = " / ".join(f"{r['peak_gib']:.2f}" for r in dynamic)
         print(f"{f'{images:,} x {captions:,}':<20}{features:>8.2f} G{images * captions * 4 / 2**30:>6.2f} G"
-              f"{default[0]['before_gib']:>11.2f} G{peaks + ' G':>34}{fixed['peak_gib']:>28.2f} G")
+              f"{suite[0]['before_gib']:>11.2f} G{peaks + ' G':>34}{other + ' G':>38}")
 
 
 class _StepClock(Callback):
@@ -365,7 +374,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="training batch (cache section; the Flickr8k config's)")
     p.add_argument("--steps", type=int, default=4, help="timed training steps per variant (cache section)")
     p.add_argument("--profile-top", type=int, default=6, help="operators listed from the cached steps' profile")
-    p.add_argument("--memory-child", type=int, nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--memory-child", type=int, nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.memory_child:
         memory_child(*args.memory_child)

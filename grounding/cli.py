@@ -40,6 +40,7 @@ from grounding.run_folder import (
     write_run_metrics,
 )
 from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries, init_checkpoints
+from grounding.utils.memory import fix_mmap_threshold
 
 # Packages whose LightningModules / DataModules the CLI can select by class name.
 STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
@@ -514,8 +515,16 @@ def main(args=None) -> GroundingCLI:
     )
 
 
+EVALUATION_COMMANDS = ("test", "validate", "predict")
+
+
 def run_command(args=None) -> None:
-    """``python -m grounding``: :func:`main` with the suite's input errors as one message and exit status 2."""
+    """``python -m grounding``: :func:`main` with the suite's input errors as one message and exit status 2. An
+    evaluation command first fixes glibc's mmap threshold (grounding.utils.memory: the test loop's peak memory the
+    same in every run; ``MALLOC_MMAP_THRESHOLD_`` set by the user wins)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in EVALUATION_COMMANDS:
+        fix_mmap_threshold()
     with user_errors_exit("python -m grounding"):
         main(args)
 

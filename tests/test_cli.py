@@ -134,3 +134,24 @@ def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world,
     with pytest.raises(SystemExit) as exit_info:
         run("test", "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path / 'empty'}")
     assert exit_info.value.code == 2 and "no best-*.ckpt in" in capsys.readouterr().err
+
+
+def test_evaluation_commands_fix_the_mmap_threshold(monkeypatch):
+    """`python -m grounding test` fixes glibc's mmap threshold before anything runs (grounding.utils.memory); a
+    user's MALLOC_MMAP_THRESHOLD_ wins; fit leaves the allocator as it is."""
+    import grounding.cli as cli
+    from grounding.utils import memory
+
+    calls = []
+    monkeypatch.setattr(cli, "fix_mmap_threshold", lambda: calls.append(True))
+    monkeypatch.setattr(cli, "main", lambda args: None)
+    cli.run_command(["test", "--config", "x.yaml"])
+    cli.run_command(["fit", "--config", "x.yaml"])
+    assert calls == [True]
+    monkeypatch.setenv(memory.ENV, "65536")
+    assert memory.fix_mmap_threshold() is False  # the user's setting stays
+    monkeypatch.delenv(memory.ENV)
+    import ctypes.util
+
+    if ctypes.util.find_library("c") and "glibc" in " ".join(__import__("platform").libc_ver()).lower():
+        assert memory.fix_mmap_threshold() is True
