@@ -28,8 +28,9 @@ from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.errors import MissingInputError
 from grounding.lexicon import load_spacy, wordnet
 from grounding.nets import RecordedNet, net_hparams
+from grounding.paths import cache_dir
 from grounding.retrieval import break_ties
-from grounding.semclip.evaluation import TextEncoderEmbedder
+from grounding.semclip.evaluation import TextEncoderEmbedder, cached_encode
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path
 
@@ -275,12 +276,13 @@ class CaptionTargets:
 def minilm_lexical_variants(ste: STEEmbedding, encoder: str = "minilm", batch_size: int = 512,
                             min_similarity: float = -1.0):
     """OOV noun -> the STE lemma key of its nearest WordNet noun form under a sentence encoder
-    (None when that cosine similarity is below ``min_similarity``)."""
+    (None when that cosine similarity is below ``min_similarity``). The forms' vectors are computed once per
+    encoder and form list (minutes on a CPU) and cached, as the STE report's (grounding.semclip.evaluation)."""
 
     embedder = TextEncoderEmbedder(encoder, batch_size=batch_size)
     index = ste.surface_index()
     forms = sorted(index)
-    bank = embedder.encode(forms)
+    bank = cached_encode(embedder, forms, cache_dir() / "semclip" / "encoder_vectors")
 
     def lookup(words: Sequence[str]) -> list[str | None]:
         if not words:
