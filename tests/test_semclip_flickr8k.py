@@ -405,3 +405,20 @@ def test_no_relevance_caption_enters_the_bank(photo_inputs, monkeypatch):
     with pytest.raises(ValueError, match="distractor photos need bank 'tagging'"):
         pe.evaluate_photos(photo_inputs["vlm"], photo_inputs["transform"], photo_inputs["ste"], first,
                            distractors=rest, bank="other-images", **args)
+
+
+def test_gamma_t_cost_reads_the_sign_of_semclip_minus_the_exact_store():
+    """The diagnosis says Γ_t's error costs quality when SemCLIP scores below the exact-target store (diff < 0)."""
+    from grounding.semclip.photo_evaluation import EXACT_TARGETS, _reading
+
+    def row(mean, diff, low, high):
+        return {"mean": mean, "low": mean - 0.01, "high": mean + 0.01, "diff": diff, "diff_low": low, "diff_high": high}
+
+    table = {"t2i ndcg@10": {"VLM": row(0.10, 0, 0, 0), "SemCLIP (STE query)": row(0.05, -0.05, -0.06, -0.04),
+                             "Oracle": row(0.27, 0.17, 0.16, 0.18), "Eq7": row(0.06, -0.04, -0.05, -0.03),
+                             EXACT_TARGETS: row(0.067, -0.033, -0.04, -0.02)}}
+    systems, reference = ["VLM", "SemCLIP (STE query)"], ["Oracle", "Eq7", EXACT_TARGETS]
+    worse = {"gamma_t_cost": {"system": "SemCLIP (STE query)", "diff": -0.013, "diff_low": -0.018, "diff_high": -0.008}}
+    assert "Γ_t's error costs retrieval quality here" in " ".join(_reading(table, systems, reference, worse))
+    better = {"gamma_t_cost": {"system": "SemCLIP (STE query)", "diff": 0.01, "diff_low": 0.004, "diff_high": 0.02}}
+    assert "does better with Γ_t" in " ".join(_reading(table, systems, reference, better))

@@ -640,15 +640,16 @@ def _reading(table: dict, systems: list[str], reference: list[str], d: dict) -> 
     cost = d.get("gamma_t_cost")
     if cost:
         exact = table[m][EXACT_TARGETS]
-        lost = {1: "Γ_t's error costs retrieval quality here",
-                -1: "the store does better with Γ_t than with the exact targets",
+        # cost["diff"] = SemCLIP − the exact-target store: below 0, Γ_t's error loses retrieval quality
+        lost = {-1: "Γ_t's error costs retrieval quality here",
+                1: "the store does better with Γ_t than with the exact targets",
                 0: "Γ_t's error is not what costs retrieval quality here"}[_sign(cost)]
         out.append(f"- **Γ_t or the nearest text?** With each photo given its nearest bank text's exact STE target (a "
                    f"perfect Γ_t on the bank), the STE queries reach {_ci(exact)}; {cost['system']} − this store: "
                    f"{_f(cost['diff'], sign='+')} [{_f(cost['diff_low'], sign='+')}, {_f(cost['diff_high'], sign='+')}]"
                    f"{' *' if _sign(cost) else ''} (paired): {lost}"
-                   + ("; the gap to the oracle is other images' bank texts standing for a photo (Eq. 7) instead of its "
-                      "own captions." if _sign(cost) <= 0 and _sign(oracle) > 0 else "."))
+                   + ("; the rest of the gap to the oracle is Eq. 7's: a photo stands for its nearest bank text, not "
+                      "for its own captions." if _sign(oracle) > 0 else "."))
     return out
 
 
