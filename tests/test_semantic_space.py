@@ -376,7 +376,8 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
                          (["--models", "minilm", "--bogus"], "--bogus"), ([], "no models given"),
                          (["--models", "minilm", "x", "--names", "a"], "one value per model"),
                          (["--models", "minilm", "--parts", "nope"], "unknown parts"),
-                         (["--models", "minilm", "--loo", "maybe"], "maybe")]:
+                         (["--models", "minilm", "--loo", "maybe"], "maybe"),
+                         (["--models", "{source: minilm, name: A, B}"], "unknown key")]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, (argv, err)

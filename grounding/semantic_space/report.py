@@ -70,6 +70,9 @@ DEFAULTS: dict = {
 }
 
 
+MODEL_KEYS = {"source", "name", "prefix", "text_encoder", "tokenizer", "model_class"}
+
+
 def merge_config(overrides: dict | None) -> dict:
     cfg = copy.deepcopy(DEFAULTS)
     for key, value in (overrides or {}).items():
@@ -90,6 +93,10 @@ def merge_config(overrides: dict | None) -> dict:
         m = {"source": m} if isinstance(m, str) else dict(m)
         if "source" not in m:
             raise ValueError(f"model entry {m} needs a 'source' (a text encoder name or a .ckpt path)")
+        unknown = set(m) - MODEL_KEYS
+        if unknown:  # e.g. an unquoted "name: A, B" in a YAML flow mapping splits into a name and a key "B"
+            raise ValueError(f"model entry {m}: unknown key(s) {sorted(unknown)}; known: {sorted(MODEL_KEYS)} (quote "
+                             "a name holding a comma)")
         models.append({"name": None, "prefix": "auto", "text_encoder": None, "tokenizer": None, "model_class": None, **m})
     if not models:
         raise ValueError("no models given: pass --models minilm [path/to.ckpt ...] or `models:` in the YAML config")
