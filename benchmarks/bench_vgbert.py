@@ -46,6 +46,7 @@ from official_vgbert_loss import official_match_map_loss  # noqa: E402
 
 from grounding.losses import cross_modal_contrastive_loss  # noqa: E402
 from grounding.paths import resolve_path  # noqa: E402
+from grounding.utils.memory import fix_mmap_threshold  # noqa: E402
 from grounding.vgbert import GroundingPretrain, MatchMapGrounding  # noqa: E402
 from grounding.vgbert.match_map import (  # noqa: E402
     chunked_match_scores,
@@ -227,8 +228,6 @@ def memory_child(images: int, captions_per_image: int, batch: int, suite_start: 
     """Runs in a fresh process: the test loop of stage 1 on random paper-shape features; prints JSON.
     ``suite_start``: 1 starts as ``python -m grounding test`` does (glibc's mmap threshold fixed,
     grounding.utils.memory), 0 keeps glibc's dynamic threshold."""
-    from grounding.utils.memory import fix_mmap_threshold
-
     if suite_start:
         fix_mmap_threshold()
     warnings.filterwarnings("ignore")
