@@ -439,14 +439,14 @@ def test_interval_statistics_match_scipy_and_pair_the_resamples():
 
 
 def test_nearest_category_accuracy_by_hand():
-    from grounding.semantic_space import intervals
+    from grounding.semantic_space import clustering
 
     # two tight categories and an entry of category 0 that sits with category 1
     x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.05, 1.0], [-1.0, -0.1]])
     k = np.array([0, 0, 1, 1, 0, 2])  # entry 4 is labelled 0 but lies in 1; category 2 has one entry
-    correct = intervals.nearest_category_correct(x, k)
+    correct = clustering.nearest_category_correct(x, k)
     assert correct[:4].tolist() == [1.0, 1.0, 1.0, 1.0] and correct[4] == 0.0 and np.isnan(correct[5])
-    assert intervals.per_category_mean(correct, k, 3)[:2] == pytest.approx([2 / 3, 1.0])
+    assert clustering.per_category_mean(correct, k, 3)[:2] == pytest.approx([2 / 3, 1.0])
 
 
 def test_report_intervals_and_word_similarity(tmp_path, monkeypatch):

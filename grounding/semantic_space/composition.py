@@ -24,6 +24,11 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _unit(a) @ _unit(b).T
 
 
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of each row of ``a`` with the same row of ``b`` (n, d) x (n, d) -> (n,)."""
+    return (_unit(a) * _unit(b)).sum(-1)
+
+
 def query_ranks(query_emb: np.ndarray, target_emb: np.ndarray, vocab_emb: np.ndarray, queries: list[str],
                 targets: list[str], vocabulary: list[str]) -> pd.DataFrame:
     """Table 2 for one model: cosine(query, target) and the target's rank among the vocabulary."""

@@ -102,50 +102,6 @@ def spearman_statistic(scores: np.ndarray, target: np.ndarray) -> Callable[[np.n
     return statistic
 
 
-# ------------------------------------------------------------------------------------------- per-unit measures
-def nearest_category_correct(embeddings: np.ndarray, category_index: np.ndarray,
-                             n_categories: int | None = None) -> np.ndarray:
-    """Leave-one-out categorisation of each SemCat entry: 1.0 when the category whose members are closest on average
-    (cosine, the entry itself left out of its own category, as Eq. 12's a(i)) is the entry's own, else 0.0; NaN
-    for entries of single-word categories. SemCat categories overlap, so another category holding the same word
-    can win: the measure is strict."""
-    x = np.asarray(embeddings, dtype=np.float64)
-    u = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    k = np.asarray(category_index)
-    K = int(k.max()) + 1 if n_categories is None else n_categories
-    sums = np.zeros((K, u.shape[1]))
-    np.add.at(sums, k, u)
-    sizes = np.bincount(k, minlength=K).astype(np.float64)
-    rows = np.arange(len(k))
-    similarity = u @ sums.T                                   # (n, K) summed cosine to each category
-    similarity[rows, k] -= 1.0                                # leave the entry out of its own category
-    count = np.broadcast_to(sizes, similarity.shape).copy()
-    count[rows, k] -= 1
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, similarity / count, -np.inf)
-    correct = (mean.argmax(1) == k).astype(np.float64)
-    correct[sizes[k] < 2] = np.nan
-    return correct
-
-
-def per_category_mean(values: np.ndarray, category_index: np.ndarray, n_categories: int) -> np.ndarray:
-    """The mean of per-entry values over each category's entries (NaN entries left out; NaN for empty ones)."""
-    v = np.asarray(values, dtype=np.float64)
-    k = np.asarray(category_index)
-    ok = ~np.isnan(v)
-    sums = np.bincount(k[ok], weights=v[ok], minlength=n_categories)
-    counts = np.bincount(k[ok], minlength=n_categories)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine of each row of ``a`` with the same row of ``b``."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-
-
 # ------------------------------------------------------------------------------------------- report table
 def _num(x: float) -> str:
     return "n/a" if not np.isfinite(x) else f"{x:.3f}"

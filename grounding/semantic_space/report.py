@@ -339,8 +339,8 @@ def run_report(config: dict) -> Path:
                 K = len(semcat.categories)
                 interval(intervals.mean_statistic(np.stack([sil[n].to_numpy() for n in names])), K,
                          "silhouette (categories)", "SemCat categories")
-                nearest = {n: intervals.per_category_mean(
-                    intervals.nearest_category_correct(E(n, semcat.words), semcat.category_index, K),
+                nearest = {n: clustering.per_category_mean(
+                    clustering.nearest_category_correct(E(n, semcat.words), semcat.category_index, K),
                     semcat.category_index, K) for n in names}
                 interval(intervals.mean_statistic(np.stack([nearest[n] for n in names])), K,
                          "nearest-category accuracy (categories)", "SemCat categories")
@@ -395,7 +395,7 @@ def run_report(config: dict) -> Path:
                 rows = []
                 for set_name, pairs in similarity_sets:
                     gold = np.asarray([g for _, _, g in pairs], dtype=np.float64)
-                    cos = np.stack([intervals.cosine_rows(E(n, [a for a, _, _ in pairs]), E(n, [b for _, b, _ in pairs]))
+                    cos = np.stack([composition.cosine_rows(E(n, [a for a, _, _ in pairs]), E(n, [b for _, b, _ in pairs]))
                                     for n in names])
                     stat = intervals.spearman_statistic(cos, gold)
                     rho = stat(np.arange(len(pairs))[None])[:, 0]
