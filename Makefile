@@ -113,8 +113,21 @@ $(STAMP): pyproject.toml
 test: install  ## the fast test tier, what CI runs (CPU, tiny generated data; reads ../shared/data when present)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
 
-test-full: install  ## every test, the slow end-to-end fits included (run before resolving an issue)
+test-full: install explore-install  ## every test, the slow end-to-end fits included (run before resolving an issue)
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q chromium >/dev/null 2>&1 || echo "no chromium: the explorer's browser test will skip"; fi
 	WANDB_MODE=disabled $(PY) -m pytest -q
+
+# The retrieval explorer (issue 31): a local page on 127.0.0.1 over a leaderboard YAML's test set and models
+# (make demo first for the world's; EXPLORE_CONFIG=experiments/leaderboard/flickr8k_full.yaml for the real photos).
+EXPLORE_CONFIG ?= experiments/leaderboard/world.yaml
+EXPLORE_ARGS ?=
+.PHONY: explore explore-install
+explore-install: install
+	@$(PY) -c "import gradio, playwright" 2>/dev/null || $(PIP) install -q -e '.[explore]'
+
+explore: explore-install  ## the retrieval explorer on http://127.0.0.1:7860 (EXPLORE_CONFIG, EXPLORE_ARGS)
+	$(PY) -m grounding.explore --config $(EXPLORE_CONFIG) $(EXPLORE_ARGS)
 
 lint: install  ## ruff over the repository (tests/test_lint.py checks the same)
 	$(PY) -m ruff check .
@@ -284,6 +297,7 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 # (experiments/composer/<model>_<data>.yaml) fit per seed with train recall logged every epoch, then tested (every pair
 # scored); then the learning curves (PNG) and the test table (mean ± sd over seeds). A run with test metrics is kept.
 # `make composer-compare COMPARE_DATA=flickr8k` on the 753 real photos (hours on 2 CPU cores).
+# COMPARE_ARGS (e.g. a switch of the network for an ablation) go to both the fit and the test.
 COMPARE_MODELS ?= composer vilbert vilbert_mvsa
 COMPARE_SEEDS ?= 0 1
 COMPARE_DATA ?= world
@@ -301,7 +315,7 @@ composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same 
 	    --data.init_args.seed $$seed --model.init_args.train_recall_images 25 --trainer.default_root_dir $$run \
 	    --overwrite true $(COMPARE_ARGS); \
 	  $(CLI) test --config $$cfg --config experiments/trainer/csv_logger.yaml --trainer.default_root_dir $$run \
-	    --ckpt_path $$run/checkpoints/last.ckpt; \
+	    --ckpt_path $$run/checkpoints/last.ckpt $(COMPARE_ARGS); \
 	done; done
 	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT)
 

@@ -494,7 +494,9 @@ def run_test_subcommand(config: str | Path, ckpt: str | Path, workdir: str | Pat
         return main(args)
 
 
-def main(args=None) -> GroundingCLI:
+def main(args=None, run: bool = True) -> GroundingCLI:
+    """The LightningCLI of every stage; ``run=False`` parses a config (no subcommand) and builds its model, DataModule
+    and trainer without running anything (:func:`build_stage`)."""
     for package in STAGE_PACKAGES:
         module = importlib.import_module(package)
         for sub in getattr(module, "DATAMODULE_MODULES", ()):  # lazy packages: import the class modules
@@ -512,7 +514,25 @@ def main(args=None) -> GroundingCLI:
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )
+
+
+def build_stage(config: str | Path, overrides: Sequence[dict] = (), workdir: str | Path | None = None) -> GroundingCLI:
+    """A stage config's model and DataModule, built as ``python -m grounding`` builds them (links, defaults and
+    ``base:`` layering included) but not run: for tools that load a checkpoint into the model themselves (the
+    retrieval explorer). ``overrides``: further config mappings, applied in order; ``workdir``: the trainer's
+    default_root_dir (nothing is written there)."""
+    args = ["--config", str(config)]
+    for extra in overrides:
+        args += ["--config", yaml.safe_dump(extra)]
+    args += ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false", "--trainer.devices=1", "--trainer.num_nodes=1",
+             "--trainer.strategy=auto"]
+    if workdir is not None:
+        args.append(f"--trainer.default_root_dir={workdir}")
+    with quiet_cli():
+        return main(args, run=False)
 
 
 EVALUATION_COMMANDS = ("test", "validate", "predict")

@@ -84,14 +84,13 @@ def lexnames_from_manpage(manpage_text: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _debian_wordnet_root() -> Path | None:
-    """A root holding usr/share/wordnet from Debian: the system's, or unpacked from apt-get download."""
+def _debian_wordnet_root(work: Path) -> Path | None:
+    """A root holding usr/share/wordnet from Debian: the system's, or unpacked into ``work`` from apt-get download."""
     system = Path("/")
     if (system / "usr/share/wordnet/data.noun").is_file() and (system / "usr/share/wordnet/index.sense").is_file():
         return system
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         return None
-    work = Path(tempfile.mkdtemp(prefix="wordnet-deb-"))
     try:
         subprocess.run(["apt-get", "download", *DEBIAN_PACKAGES], cwd=work, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -127,17 +126,20 @@ def install_wordnet(target: Path | None = None) -> Path:
     except LookupError:
         pass
     target = Path(target) if target else nltk_data_dir() / "corpora" / "wordnet"
-    root = _debian_wordnet_root()
-    if root is not None and (manpage := _manpage(root)) is not None:
-        src = root / "usr/share/wordnet"
-        with atomic_path(target) as tmp:
-            tmp.mkdir()
-            for f in src.iterdir():
-                if f.is_file():
-                    shutil.copyfile(f, tmp / f.name)  # copies: NLTK refuses symlinks out of its data path
-            (tmp / "lexnames").write_text(lexnames_from_manpage(manpage))
-        print(f"Installed WordNet 3.0 from Debian's {' + '.join(DEBIAN_PACKAGES)} into {target}")
-    else:
+    # The downloaded .debs are unpacked in a temporary folder that goes once the files are copied.
+    with tempfile.TemporaryDirectory(prefix="wordnet-deb-") as work:
+        root = _debian_wordnet_root(Path(work))
+        installed = root is not None and (manpage := _manpage(root)) is not None
+        if installed:
+            src = root / "usr/share/wordnet"
+            with atomic_path(target) as tmp:
+                tmp.mkdir()
+                for f in src.iterdir():
+                    if f.is_file():
+                        shutil.copyfile(f, tmp / f.name)  # copies: NLTK refuses symlinks out of its data path
+                (tmp / "lexnames").write_text(lexnames_from_manpage(manpage))
+            print(f"Installed WordNet 3.0 from Debian's {' + '.join(DEBIAN_PACKAGES)} into {target}")
+    if not installed:
         import nltk
 
         if not nltk.download("wordnet", download_dir=str(target.parent.parent), quiet=True):

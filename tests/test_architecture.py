@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own layer and the ones below, neve
 1. ``data_modules/``
 2. paper packages: ``grounding/vgbert/``, ``grounding/semantic_space/``, ``grounding/composer/``
 3. ``grounding/semclip/`` (builds on any VLM, the suite's own included)
-4. ``grounding/leaderboard/`` (compares every model of the packages below)
+4. ``grounding/leaderboard/`` (compares every model of the packages below) and ``grounding/explore/`` (shows them)
 5. ``benchmarks/``
 
 Read from the source with :mod:`ast` (nothing is imported), so the test also sees imports inside
@@ -45,7 +45,7 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if parts[0] == "benchmarks":
         return 5
-    if parts[0] == "grounding" and len(parts) >= 2 and parts[1] == "leaderboard":
+    if parts[0] == "grounding" and len(parts) >= 2 and parts[1] in ("leaderboard", "explore"):
         return 4
     if parts[0] == "data_modules":
         return 1

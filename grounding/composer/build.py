@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .batch import TokenTables, composition_batch
 from .captions import CaptionSet
 from .concept_graph import ConceptGraph
 from .crg import CaptionCRG, degrade_tree, extract_crg
@@ -74,3 +75,14 @@ def build_concept_graph(captions: CaptionSet, backend: str = DEFAULT_BACKEND, wo
                     parsed.failed, extraction_failed, failed_examples[:2])
     return graph, BuildReport(len(captions), parsed.failed, extraction_failed, t1 - t0, t2 - t1, t3 - t2,
                               str(parsed.cache_file), parsed.from_cache, failed_examples)
+
+
+def texts_batch(texts: list[str], tokenizer, backend: str = DEFAULT_BACKEND, max_length: int = 32,
+                cache: bool = False) -> tuple[dict, ConceptGraph]:
+    """The composition batch of free texts (a query, a few captions) and their CRG, parsed by the suite's parser:
+    a text without a decomposition keeps its whole text as one fallback primitive, as in evaluation. No parse cache
+    is written unless ``cache``."""
+    captions = CaptionSet([f"text{i}" for i in range(len(texts))], list(texts), np.arange(len(texts), dtype=np.int64),
+                          source="free texts")
+    graph, _ = build_concept_graph(captions, backend=backend, workers=1, cache=cache)
+    return composition_batch(graph, TokenTables(graph, tokenizer, list(texts), max_length), np.arange(len(texts))), graph

@@ -15,7 +15,6 @@ from __future__ import annotations
 import unittest.mock
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 from jsonargparse import ArgumentError
 from torch import nn
@@ -26,9 +25,7 @@ from grounding.encoders import MissingWeightsError, load_tokenizer
 from grounding.nets import build_net
 
 from . import model as composer_model
-from .batch import TokenTables, composition_batch
-from .build import build_concept_graph
-from .captions import CaptionSet
+from .build import texts_batch
 from .concept_graph import OK, ConceptGraph
 from .model import Composer
 from .parsing import DEFAULT_BACKEND
@@ -165,12 +162,11 @@ def composer_flops(net: Composer, batch: dict, inputs: dict) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------ inputs
 def caption_batch(caption: str, tokenizer, backend: str = DEFAULT_BACKEND) -> tuple[dict, ConceptGraph]:
     """The composition batch of one caption, its CRG built by the suite's parser (no parse cache written)."""
-    captions = CaptionSet(["image.jpg"], [caption], np.zeros(1, dtype=np.int64), source="cost caption")
-    graph, _ = build_concept_graph(captions, backend=backend, workers=1, cache=False)
+    batch, graph = texts_batch([caption], tokenizer, backend)
     if graph.caption_status[0] != OK:
         raise ValueError(f"the {backend} parser found no concept to compose in {caption!r}: pass a --caption with a noun "
                          "phrase (e.g. the default, App. A's example)")
-    return composition_batch(graph, TokenTables(graph, tokenizer, [caption]), [0]), graph
+    return batch, graph
 
 
 def crg_summary(graph: ConceptGraph, batch: dict) -> dict:

@@ -279,7 +279,8 @@ def _test_seconds(cli) -> float:
     return next(c.seconds for c in cli.trainer.callbacks if isinstance(c, TestLoopTimer))
 
 
-def _missing_files(entry: ModelEntry) -> list[str]:
+def missing_files(entry: ModelEntry) -> list[str]:
+    """The files of a row that do not exist yet (its checkpoint, or SemCLIP's VLM, Γ_t and STE): made by its ``command``."""
     if entry.semclip is not None:
         spec = entry.semclip["vlm"]
         files = [entry.semclip["transform"], entry.semclip["ste"]]
@@ -540,7 +541,7 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 continue
             row = {"model": entry.name, "paper": entry.paper, "encoders": entry.encoders, "command": entry.command}
             try:
-                missing = _missing_files(entry)
+                missing = missing_files(entry)
             except LeaderboardError as e:  # a ckpt glob matching several files: this row's error
                 missing, row["status"] = [], f"error: {e}"
                 rows.append(row)

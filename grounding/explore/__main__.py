@@ -1,0 +1,83 @@
+"""``python -m grounding.explore --config experiments/leaderboard/world.yaml [--port 7860] [--check QUERY]``
+
+Serves the retrieval explorer on 127.0.0.1 over a leaderboard YAML's test set and every model row whose files
+exist (the others are listed in the page with the command that makes them). ``--check QUERY`` answers one query
+in the terminal (each model's top-k, its time) and exits, without a web server. Exit status 2, one line, on a bad
+YAML, a missing photo folder or a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grounding.errors import user_errors_exit
+from grounding.explore.app import CSS, Explorer, QueryError, build_app
+from grounding.explore.models import ExplorerError, Gallery, first_stage_of, load_models
+from grounding.leaderboard.board import LeaderboardError, load_leaderboard
+
+
+def load_explorer(config: str, first_stage: str | None = None, rerank_top_k: int = 20, top_k: int = 5,
+                  log=lambda line: print(line, file=sys.stderr, flush=True)) -> Explorer:
+    board = load_leaderboard(config)
+    gallery = Gallery.from_test_set(board.test_set)
+    log(f"gallery {gallery.name}: {len(gallery.image_paths)} photos, {len(gallery.flat_captions)} captions")
+    report = load_models(board.models, gallery, log=log)
+    return Explorer(gallery, report, first_stage_of(report.models, first_stage), rerank_top_k, top_k)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m grounding.explore",
+                                description=__doc__.split("\n\n")[1])
+    p.add_argument("--config", default="experiments/leaderboard/world.yaml",
+                   help="a leaderboard YAML: its test set is the gallery, its rows the models")
+    p.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: this machine only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="also ask Gradio for a public share link (off by default)")
+    p.add_argument("--first-stage", help="the model whose top-K the cross-encoders rerank (default: the first dual "
+                                         "encoder loaded)")
+    p.add_argument("--rerank-top-k", type=int, default=20)
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--check", metavar="QUERY", help="answer one query in the terminal and exit")
+    args = p.parse_args(argv)
+    if args.rerank_top_k < 1 or not 1 <= args.top_k <= 10 or not 0 < args.port < 65536:
+        print("error: --rerank-top-k must be >= 1, --top-k in 1..10 and --port in 1..65535", file=sys.stderr)
+        return 2
+    try:
+        explorer = load_explorer(args.config, args.first_stage, args.rerank_top_k, args.top_k)
+    except (LeaderboardError, ExplorerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not explorer.models:
+        print(f"error: no model of {args.config} has its files; make them first ("
+              + "; ".join(f"{n}: `{c}`" for n, c, _ in explorer.report.missing) + ")", file=sys.stderr)
+        return 2
+    if args.check is not None:
+        try:
+            result = explorer.search(args.check)
+        except QueryError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for name, ranked in result.ranked.items():
+            hits = ", ".join(f"{explorer.gallery.image_paths[r].name} {s:.3f}{' ✓' if r in result.truth else ''}"
+                             for r, s in zip(ranked.rows, ranked.scores))
+            print(f"{name} ({1000 * ranked.seconds:.0f} ms{'; ' + ranked.note if ranked.note else ''}): {hits}")
+        for name, error in result.errors.items():
+            print(f"{name}: error: {error}")
+        return 1 if result.errors else 0
+    try:
+        import gradio  # noqa: F401 - here: the optional extra, checked before the page is built
+    except ImportError:
+        print("error: the explorer needs Gradio: `make explore` installs it (pip install -e '.[explore]')", file=sys.stderr)
+        return 2
+    app = build_app(explorer)
+    print(f"serving on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    app.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
+                       allowed_paths=[str(f) for f in explorer.gallery.folders], show_error=False,
+                       css=CSS)
+    return 0
+
+
+if __name__ == "__main__":
+    with user_errors_exit("python -m grounding.explore"):
+        sys.exit(main())
