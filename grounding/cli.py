@@ -18,15 +18,25 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
 import torch
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+# The stages the CLI selects by class name (``--model GroundingPretrain``, ``--data FlickrDataModule``) must be imported
+# for jsonargparse to find them; COMPOSER's are named by full class path in its configs. Imported here, explicitly: the
+# CLI is the top floor (tests/test_architecture.py), above every package it runs.
+import data_modules.coco  # noqa: F401, I001 - registers the DataModules
+import data_modules.flickr  # noqa: F401
+import data_modules.image_folder  # noqa: F401
+import data_modules.similarity_lists  # noqa: F401
+import data_modules.visual_genome  # noqa: F401
+import grounding.semclip  # noqa: F401 - registers the STE and alignment stages
+import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
@@ -39,12 +49,13 @@ from grounding.run_folder import (
     write_run_config,
     write_run_metrics,
 )
+from grounding.stage_config import (
+    ConfigError,
+    expand_config_bases,
+)
 from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries, init_checkpoints
 from grounding.utils.memory import fix_mmap_threshold
 
-# Packages whose LightningModules / DataModules the CLI can select by class name.
-STAGE_PACKAGES = tuple(p for p in os.environ.get("GROUNDING_STAGE_PACKAGES",
-                                                 "data_modules,grounding.vgbert,grounding.semclip").split(",") if p)
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
@@ -350,87 +361,10 @@ def resolve_run_checkpoint(ckpt_path: str | None, root_dir: str | None, subcomma
     raise SystemExit(2)
 
 
-def expand_config_bases(args: list[str]) -> list[str]:
-    """``--config FILE`` whose YAML names ``base: OTHER`` becomes ``--config OTHER --config <FILE's other
-    keys>`` (recursively), so jsonargparse merges the override onto its base in that order."""
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--config" and i + 1 < len(args):
-            out += _config_chain(args[i + 1])
-            i += 2
-            continue
-        if arg.startswith("--config="):
-            out += _config_chain(arg.split("=", 1)[1])
-        else:
-            out.append(arg)
-        i += 1
-    return out
-
-
-def config_options_first(argv: list[str]) -> list[str]:
-    """``--config FILE`` options moved to the front: jsonargparse applies arguments in order, so options
-    given on the command line then win over the file (the non-training commands' convention)."""
-    configs, rest, i = [], [], 0
-    while i < len(argv):
-        if argv[i] == "--config" and i + 1 < len(argv):
-            configs += argv[i:i + 2]
-            i += 2
-        else:
-            (configs if argv[i].startswith("--config=") else rest).append(argv[i])
-            i += 1
-    return configs + rest
-
-
-def stage_config_parser(cls: type, section: str) -> ArgumentParser:
-    """A parser of one training-stage config for commands that read it without training: ``section``
-    (``model`` or ``data``) is type-checked against ``cls`` (a subclass of it), the other sections pass
-    unchecked. Give it ``expand_config_bases(["--config", path])``."""
-    p = ArgumentParser(exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile)
-    p.add_subclass_arguments(cls, section, required=True)
-    p.add_argument(f"--{'data' if section == 'model' else 'model'}", type=Optional[dict], default=None)
-    for key in ("seed_everything", "trainer", "optimizer", "lr_scheduler", "ckpt_path"):  # the trainer's keys: unused
-        p.add_argument(f"--{key}", type=Any, default=None)
-    return p
-
-
-def read_config_yaml(file: Path):
-    """A config file's YAML; a syntax error or unreadable bytes: :class:`ConfigError` naming the file, line and column."""
-    try:
-        return yaml.safe_load(file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{file}: not UTF-8 text (byte {e.start}); save the config as UTF-8 YAML") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error ({problem}); fix the file") from None
-
-
-def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
-    file = Path(path)
-    if not file.is_file():
-        return ["--config", path]  # jsonargparse reports it (or it is an inline YAML string)
-    cfg = read_config_yaml(file)
-    if not isinstance(cfg, dict) or "base" not in cfg:
-        return ["--config", path]
-    base = (file.parent / cfg.pop("base")).resolve()
-    if str(base) in seen or not base.is_file():
-        print(f"{path}: `base: {base}` " + ("is a cycle of bases" if base.is_file() else "does not exist")
-              + "; name an existing config file, relative to this one.", file=sys.stderr)
-        raise SystemExit(2)
-    return _config_chain(str(base), (*seen, str(base))) + ["--config", yaml.safe_dump(cfg, sort_keys=False)]
-
-
 QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 # Lightning warnings every programmatic test run would repeat: the checkpoint's callback folder differs from
 # the run's (nothing is saved there), and a torch-version deprecation inside Lightning
 QUIET_WARNINGS = ("The dirpath has changed", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-
-
-class ConfigError(UserInputError, ValueError):
-    """A stage config that ``python -m grounding`` cannot parse (one line for the user)."""
 
 
 @contextlib.contextmanager
@@ -497,10 +431,6 @@ def run_test_subcommand(config: str | Path, ckpt: str | Path, workdir: str | Pat
 def main(args=None, run: bool = True) -> GroundingCLI:
     """The LightningCLI of every stage; ``run=False`` parses a config (no subcommand) and builds its model, DataModule
     and trainer without running anything (:func:`build_stage`)."""
-    for package in STAGE_PACKAGES:
-        module = importlib.import_module(package)
-        for sub in getattr(module, "DATAMODULE_MODULES", ()):  # lazy packages: import the class modules
-            importlib.import_module(f"{package}.{sub}")
     defaults = [trainer_config_file()] if os.path.isfile(trainer_config_file()) else []
     return GroundingCLI(
         LightningModule,

@@ -46,7 +46,9 @@ gets ``--trainer.default_root_dir=<root>/<sweep file stem>/<run name>``.
 columns Q/K frozen / trainable per dropout, cells i2t / t2i R@1 and learnable parameters), Fig. 12 (the same grid,
 cells the mean category silhouette; k = 0 is the plain encoder), Table 2 (loss terms) and Table 5 (stage-2 losses);
 STE runs give SemCLIP's Table 2 (``ste_table2``): a row per run (Spearman per benchmark, their mean, Table 1's
-coverage), best first, beside the paper's STE columns.
+coverage), best first, beside the paper's STE columns. Each paper's tables live in its package
+(:mod:`grounding.vgbert.sweep_tables`, :mod:`grounding.semclip.sweep_tables`; the table type in
+:mod:`grounding.summary_tables`); this entry point gathers them.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ import csv
 import hashlib
 import itertools
 import json
-import math
 import os
 import re
 import shlex
@@ -70,7 +71,10 @@ import yaml
 
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.run_folder import best_checkpoint
+from grounding.semclip.sweep_tables import ste_table
+from grounding.summary_tables import Table, finite_float, param
 from grounding.utils.io import atomic_write_csv, atomic_write_json, atomic_write_text
+from grounding.vgbert.sweep_tables import layer_tables, loss_table, relation_table
 
 PROG = "python -m grounding.sweep"
 DEFAULT_ROOT = "outputs/sweeps"
@@ -409,14 +413,6 @@ def resolved_report_config(report: str | os.PathLike, checkpoint: Path, text_enc
     return section, names[0], run_model.get("name") or run_model["source"]
 
 
-def _float(value) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _read_csv(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -433,19 +429,19 @@ def report_headline(folder: str | os.PathLike, names: list[str]) -> dict[str, di
     out = {n: {} for n in names}
     for row in _read_csv(folder / "silhouette_summary.csv"):
         if row.get("model") in out:
-            out[row["model"]].update(silhouette_mean=_float(row.get("mean")), silhouette_median=_float(row.get("median")),
-                                     silhouette_p_vs_reference=_float(row.get("p_greater_than_first")))
+            out[row["model"]].update(silhouette_mean=finite_float(row.get("mean")), silhouette_median=finite_float(row.get("median")),
+                                     silhouette_p_vs_reference=finite_float(row.get("p_greater_than_first")))
     for row in _read_csv(folder / "concreteness_stats.csv"):
         if row.get("model") in out:
-            out[row["model"]].update(concreteness_word_r=_float(row.get("word_r")),
-                                     concreteness_category_r=_float(row.get("category_r")))
+            out[row["model"]].update(concreteness_word_r=finite_float(row.get("word_r")),
+                                     concreteness_category_r=finite_float(row.get("category_r")))
     for row in _read_csv(folder / "property_norms_summary.csv"):
         if row.get("model") in out and row.get("feature_type") == "all":
-            out[row["model"]].update(property_norms_mean_f1=_float(row.get("mean")))
+            out[row["model"]].update(property_norms_mean_f1=finite_float(row.get("mean")))
     rows = _read_csv(folder / "table2_composition.csv")
     for n in names:
-        cos = [_float(r.get(f"{n} cosine")) for r in rows]
-        ranks = sorted(v for v in (_float(r.get(f"{n} rank")) for r in rows) if v is not None)
+        cos = [finite_float(r.get(f"{n} cosine")) for r in rows]
+        ranks = sorted(v for v in (finite_float(r.get(f"{n} rank")) for r in rows) if v is not None)
         cos = [c for c in cos if c is not None]
         if cos:
             out[n]["composition_mean_cosine"] = sum(cos) / len(cos)
@@ -467,11 +463,11 @@ def ste_report_numbers(folder: str | os.PathLike) -> dict:
         out["paper"] = meta["paper"]
     for row in _read_csv(folder / "synonym_coverage.csv"):
         if row.get("embedding") == "STE":
-            out["coverage"] = {k: _float(row.get(k)) for k in ("queries", "queries_in_vocabulary", "synonyms_in_top10",
+            out["coverage"] = {k: finite_float(row.get(k)) for k in ("queries", "queries_in_vocabulary", "synonyms_in_top10",
                                                                "coverage", "synonym_recall")}
     for row in _read_csv(folder / "word_similarity.csv"):
         if row.get("model") == "STE":
-            out["word_similarity"][row["dataset"]] = {k: _float(row.get(k)) for k in (
+            out["word_similarity"][row["dataset"]] = {k: finite_float(row.get(k)) for k in (
                 "pairs", "wordnet_filtered", "covered_wordnet", "spearman_wordnet", "covered_full", "spearman_full")}
     return out
 
@@ -511,19 +507,19 @@ def headline(result: dict) -> dict[str, float]:
     run's model and ``semantic_space/reference/<metric>``, learnable parameters, training seconds."""
     flat: dict[str, float] = {}
     for key, value in (result.get("test") or {}).items():
-        if _float(value) is not None:
+        if finite_float(value) is not None:
             flat[key] = float(value)
     space = result.get("semantic_space") or {}
     for role, prefix in (("run", "semantic_space/"), ("reference", "semantic_space/reference/")):
         for key, value in (space.get(role) or {}).items():
-            if key != "name" and _float(value) is not None:
+            if key != "name" and finite_float(value) is not None:
                 flat[prefix + key] = float(value)
     ste = result.get("ste_report") or {}
     for key, value in (ste.get("coverage") or {}).items():
         if key in ("coverage", "synonym_recall") and value is not None:
             flat[f"ste/{key}"] = float(value)
     for dataset, numbers in (ste.get("word_similarity") or {}).items():
-        if _float(numbers.get("spearman_wordnet")) is not None:
+        if finite_float(numbers.get("spearman_wordnet")) is not None:
             flat[f"ste/{dataset}"] = float(numbers["spearman_wordnet"])
     for key in ("learnable_parameters",):
         if result.get(key) is not None:
@@ -670,188 +666,6 @@ def collect_results(folder: str | os.PathLike) -> list[dict]:
     if not results:
         raise SweepError(f"{folder}: no */{RESULT_FILE} yet (run the sweep first: {PROG} <sweep.yaml>)")
     return results
-
-
-def param(result: dict, leaf: str, default=None):
-    """A run's parameter by its last key component (``trainable_layers``)."""
-    for key, value in (result.get("params") or {}).items():
-        if key.split(".")[-1] == leaf:
-            return value
-    return default
-
-
-def metric(result: dict, name: str):
-    """A run's number: ``test/...`` from its test metrics, ``space:<metric>`` / ``reference:<metric>`` from the
-    report's run / reference row, or a top-level key (``learnable_parameters``)."""
-    if name.startswith("space:"):
-        value = ((result.get("semantic_space") or {}).get("run") or {}).get(name[6:])
-    elif name.startswith("reference:"):
-        value = ((result.get("semantic_space") or {}).get("reference") or {}).get(name[10:])
-    elif "/" in name:
-        value = (result.get("test") or {}).get(name)
-    else:
-        value = result.get(name)
-    return _float(value)
-
-
-class Table:
-    """A table laid out as the paper's: row labels, column labels, and per cell one or more numbers (the Markdown
-    shows them joined by " / "; the CSV gives each its own column, ``<column>: <number>``)."""
-
-    def __init__(self, name: str, title: str, row_header: str, columns: list[str], metrics: list[tuple[str, str, int]],
-                 note: str = ""):
-        self.name, self.title, self.row_header, self.columns, self.metrics, self.note = (
-            name, title, row_header, columns, metrics, note)
-        self.rows: list[tuple[str, list[list[float | None]]]] = []
-
-    def add(self, label: str, cells: list[list[float | None]]) -> None:
-        self.rows.append((label, cells))
-
-    def markdown(self) -> str:
-        def cell(values):
-            if all(v is None for v in values):
-                return "—"
-            return " / ".join("—" if v is None else f"{v:.{d}f}" for v, (_, _, d) in zip(values, self.metrics))
-
-        what = " / ".join(label for _, label, _ in self.metrics)
-        lines = [f"## {self.title}\n", f"Cells: {what}." + (f" {self.note}" if self.note else "") + "\n",
-                 "| " + " | ".join([self.row_header, *self.columns]) + " |", "|" + "---|" * (len(self.columns) + 1)]
-        lines += ["| " + " | ".join([label, *map(cell, cells)]) + " |" for label, cells in self.rows]
-        return "\n".join(lines) + "\n"
-
-    def csv_columns(self) -> list[str]:
-        return [self.row_header] + [f"{c}: {label}" for c in self.columns for _, label, _ in self.metrics]
-
-    def csv_rows(self) -> list[dict]:
-        cols = self.csv_columns()
-        return [dict(zip(cols, [label, *(v for values in cells for v in values)])) for label, cells in self.rows]
-
-
-RETRIEVAL = [("test/i2t_r1", "i2t R@1", 1), ("test/t2i_r1", "t2i R@1", 1)]
-
-
-def _dropout_label(value, several: bool) -> str:
-    return "" if not several else (", dropout (config)" if value is None else f", dropout {value}")
-
-
-def layer_tables(results: list[dict]) -> list[Table]:
-    """Fig. 3 and Fig. 12 from runs over trainable_layers x freeze_query_key (x dropout). k = 0 trains no BERT
-    layer, so its run fills both Q/K columns; Fig. 12's k = 0 row without such a run is the reference's (the
-    plain encoder's) silhouette, which every report holds."""
-    runs = [r for r in results if param(r, "trainable_layers") is not None]
-    ks = sorted({int(param(r, "trainable_layers")) for r in runs} | {0})
-    dropouts = sorted({param(r, "dropout") for r in runs}, key=lambda d: (d is None, d or 0))
-    several = len(dropouts) > 1
-    columns = [(qk, d) for d in dropouts for qk in (True, False)]
-    labels = [f"Q/K {'frozen' if qk else 'trainable'}{_dropout_label(d, several)}" for qk, d in columns]
-
-    def find(k, qk, d):
-        for r in runs:
-            if int(param(r, "trainable_layers")) == k and param(r, "dropout") == d and (
-                    k == 0 or bool(param(r, "freeze_query_key", True)) == qk):
-                return r
-        return None
-
-    fig3 = Table("fig3", "Fig. 3 (App. A.2): cross-modal retrieval by grounding depth k and Q/K", "k", labels,
-                 [*RETRIEVAL, ("learnable_parameters_M", "learnable parameters (M)", 2)],
-                 "R@1 of the test split (the paper: COCO val2017, 5K images); k = 0: the whole language stream "
-                 "frozen (Bert), one run for both Q/K columns.")
-    fig12 = Table("fig12", "Fig. 12 (App. B.3.2): word categorisation by k, Q/K and dropout", "k", labels,
-                  [("space:silhouette_mean", "mean category silhouette (Eqs. 12-14)", 4)],
-                  "k = 0: the plain text encoder (the report's reference row, or the k = 0 run's, which is the same "
-                  "frozen encoder).")
-    reference = next((metric(r, "reference:silhouette_mean") for r in results
-                      if metric(r, "reference:silhouette_mean") is not None), None)
-    for k in ks:
-        cells3, cells12 = [], []
-        for qk, d in columns:
-            r = find(k, qk, d)
-            params_m = None if r is None or metric(r, "learnable_parameters") is None else \
-                metric(r, "learnable_parameters") / 1e6
-            cells3.append([None if r is None else metric(r, m) for m, _, _ in RETRIEVAL] + [params_m])
-            sil = None if r is None else metric(r, "space:silhouette_mean")
-            cells12.append([reference if sil is None and k == 0 else sil])
-        label = "0 (Bert)" if k == 0 else str(k)
-        if any(any(v is not None for v in c) for c in cells3) or k != 0:
-            fig3.add(label, cells3)
-        fig12.add(label, cells12)
-    return [fig3, fig12]
-
-
-TABLE2_ROWS = [("both", "Loss_l + Loss_v", (25.3, 23.9)), ("l", "Loss_l", (25.5, 17.4)), ("v", "Loss_v", (1.4, 25.5))]
-TABLE5_ROWS = [("none", "Combined loss", (97.71, 64.26, 95.21)), ("aux", "No auxiliary loss", (0.60, 64.19, 94.99)),
-               ("rel", "No Loss_rel", (97.95, 29.97, 68.78)), ("obj", "No Loss_obj", (98.39, 64.14, 95.14))]
-
-
-def loss_table(results: list[dict]) -> Table:
-    """App. A.2 Table 2: retrieval R@1 by the contrastive loss terms (Grounded-8)."""
-    t = Table("table2", "Table 2 (App. A.2): cross-modal contrastive loss terms", "loss", ["this sweep", "paper"],
-              [*RETRIEVAL, ("space:silhouette_mean", "mean category silhouette", 4)],
-              "Test-split R@1 (%); the paper's column: its Table 2 (COCO val2017, Grounded-8; no silhouette).")
-    for key, label, paper in TABLE2_ROWS:
-        r = next((r for r in results if str(param(r, "loss_terms")) == key), None)
-        ours = [None if r is None else metric(r, m) for m, _, _ in t.metrics]
-        t.add(label, [ours, [*paper, None]])
-    return t
-
-
-def relation_table(results: list[dict]) -> Table:
-    """App. A.3.3 Table 5: stage-2 test accuracy (%) with one loss left out."""
-    names = [("test/object_top1", "object top-1", 2), ("test/relation_top1", "relation top-1", 2),
-             ("test/relation_top10", "relation top-10", 2)]
-    t = Table("table5", "Table 5 (App. A.3.3): stage-2 losses, one left out", "model", ["this sweep", "paper"],
-              [*names, ("space:silhouette_mean", "mean category silhouette", 4)],
-              "Test accuracy in % (the stage logs fractions; x100 here); the paper's column: its Table 5.")
-    for key, label, paper in TABLE5_ROWS:
-        r = next((r for r in results if str(param(r, "drop_loss")) == key), None)
-        ours = [None if r is None or metric(r, m) is None else 100.0 * metric(r, m) for m, _, _ in names]
-        ours.append(None if r is None else metric(r, "space:silhouette_mean"))
-        t.add(label, [ours, [*paper, None]])
-    return t
-
-
-STE_DATASETS = ("EN-MC-30", "EN-MEN-TR-3k", "EN-MTurk-287", "EN-RG-65", "EN-RW-STANFORD", "EN-SIMLEX-999-N",
-                "EN-SIMLEX-999", "EN-WS-353-REL", "EN-WS-353-SIM", "EN-WS-353-ALL")
-
-
-def ste_table(results: list[dict]) -> Table:
-    """SemCLIP Table 2 (with Table 1's coverage) per STE run, beside the paper's STE columns: one row per run,
-    Spearman on the WordNet-filtered pairs of each benchmark (the paper's STE column; ``-N``: SimLex-999's 666 noun
-    pairs, the paper's EN-SIMLEX), their mean over the benchmarks the paper reports, and the Table 1 coverage.
-    Runs are sorted by that mean (best first)."""
-    runs = [r for r in results if r.get("ste_report")]
-    # the paper's numbers as the runs' reports recorded them (grounding.semclip is a higher layer than this module)
-    paper = next((r["ste_report"]["paper"] for r in runs if r["ste_report"].get("paper")), None) or {}
-    paper_table2 = paper.get("table2") or {}
-    found = list(dict.fromkeys(d for r in runs for d in (r["ste_report"].get("word_similarity") or {})))
-    datasets = [d for d in STE_DATASETS if d in found or d in paper_table2] + [d for d in found if d not in STE_DATASETS]
-    paper_sets = [d for d in datasets if d in paper_table2]
-
-    def mean(values: dict) -> float | None:
-        got = [values.get(d) for d in paper_sets]
-        return None if not got or any(v is None for v in got) else sum(got) / len(got)
-
-    t = Table("ste_table2", "SemCLIP Table 2 (and Table 1's coverage): STE runs beside the paper's STE", "run",
-              ["Table 1 coverage", f"mean of the paper's {len(paper_sets)} sets", *datasets],
-              [("value", "Spearman ρ on the WordNet-filtered pairs (coverage: Table 1 fraction)", 3)],
-              "Runs sorted by the mean, best first; `-N`: SimLex-999's noun pairs (the paper's 666-pair EN-SIMLEX); "
-              "the paper's rows: its Table 1 STE coverage and Table 2 STE columns (on 71,895 queries and its own "
-              "pair counts). Per-run pair counts and all-pairs Spearman: summary.csv / each run's ste_report/.")
-    rows = []
-    for r in runs:
-        ws = r["ste_report"].get("word_similarity") or {}
-        values = {d: _float((ws.get(d) or {}).get("spearman_wordnet")) for d in datasets}
-        coverage = _float((r["ste_report"].get("coverage") or {}).get("coverage"))
-        rows.append((mean(values), r.get("run") or "?", coverage, values))
-    rows.sort(key=lambda row: (row[0] is None, -(row[0] or 0.0), row[1]))
-    for m, label, coverage, values in rows:
-        t.add(label, [[coverage], [m], *[[values[d]] for d in datasets]])
-    for column, label, cover in ((0, "paper: STE", paper.get("table1_coverage")), (1, "paper: STE (similar subset)", None)):
-        if not paper_table2:
-            break
-        values = {d: paper_table2[d][column] if d in paper_table2 else None for d in datasets}
-        t.add(label, [[cover], [mean(values)], *[[values[d]] for d in datasets]])
-    return t
 
 
 def long_rows(results: list[dict]) -> tuple[list[dict], list[str]]:

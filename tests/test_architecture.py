@@ -2,16 +2,19 @@
 
 Layers, lowest first (a module may import its own layer and the ones below, never above):
 
-0. core: ``grounding/*.py`` and ``grounding/utils/``
+0. core: ``grounding/*.py`` and ``grounding/utils/`` (the config helpers the papers use: ``grounding/stage_config.py``)
 1. ``data_modules/``
 2. paper packages: ``grounding/vgbert/``, ``grounding/semantic_space/``, ``grounding/composer/``
 3. ``grounding/semclip/`` (builds on any VLM, the suite's own included)
-4. ``grounding/leaderboard/`` (compares every model of the packages below) and ``grounding/explore/`` (shows them)
+4. the top floor, the entry points that run the packages below: the CLI (``grounding/cli.py``, ``python -m grounding``),
+   the sweep runner (``grounding/sweep.py``), ``grounding/leaderboard/`` (every model on one test set, COMPOSER's
+   split evaluation), ``grounding/explore/`` (the explorer page) and every package's ``__main__``
 5. ``benchmarks/``
 
 Read from the source with :mod:`ast` (nothing is imported), so the test also sees imports inside
 functions, which must be rare: allowed only with a comment on that line or the line above saying why
-(an optional or heavy dependency, a cycle-free lazy CLI import).
+(an optional or heavy dependency, a cycle-free lazy CLI import). Modules loaded by name
+(``importlib.import_module("<constant>")``) count as imports too.
 """
 
 from __future__ import annotations
@@ -41,11 +44,15 @@ def _sources() -> dict[str, Path]:
 SOURCES = _sources()
 
 
+TOP_FLOOR = ("grounding.cli", "grounding.sweep", "grounding.__main__")
+
+
 def layer(module: str) -> int:
     parts = module.split(".")
     if parts[0] == "benchmarks":
         return 5
-    if parts[0] == "grounding" and len(parts) >= 2 and parts[1] in ("leaderboard", "explore"):
+    if (parts[0] == "grounding" and len(parts) >= 2 and parts[1] in ("leaderboard", "explore")) or \
+            module in TOP_FLOOR or parts[-1] == "__main__":
         return 4
     if parts[0] == "data_modules":
         return 1
@@ -73,9 +80,10 @@ class Import:
         return f"{SOURCES[self.importer].relative_to(ROOT)}:{self.lineno} imports {self.target} {self.names or ''}"
 
 
-def _imports(module: str) -> list[Import]:
+def _imports(module: str, text: str | None = None) -> list[Import]:
+    """The suite imports of ``module`` (its source file, or ``text`` given as its source)."""
     path = SOURCES[module]
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8") if text is None else text
     lines = text.splitlines()
     tree = ast.parse(text)
     found = []
@@ -102,6 +110,12 @@ def _imports(module: str) -> list[Import]:
                     if resolved and resolved.split(".")[0] in (*PACKAGES, "benchmarks") and resolved != module:
                         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                         found.append(Import(module, resolved, private, child.lineno, in_function, commented))
+            elif (isinstance(child, ast.Call) and getattr(child.func, "attr", getattr(child.func, "id", None))
+                  == "import_module" and child.args and isinstance(child.args[0], ast.Constant)
+                  and isinstance(child.args[0].value, str)):  # a module loaded by its name
+                resolved = _resolve(child.args[0].value)
+                if resolved and resolved.split(".")[0] in (*PACKAGES, "benchmarks") and resolved != module:
+                    found.append(Import(module, resolved, [], child.lineno, in_function, True))
             visit(child, nested)
 
     visit(tree, False)
@@ -118,7 +132,25 @@ def test_the_scan_sees_the_suite():
     assert layer("grounding.caption_retrieval") == 0 and layer("grounding.utils.io") == 0
     assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg") == 2
     assert layer("grounding.semclip.alignment_pairs") == 3 and layer("benchmarks.bench_vgbert") == 5
-    assert layer("grounding.leaderboard.board") == 4
+    assert layer("grounding.leaderboard.board") == 4 and layer("grounding.cli") == 4 and layer("grounding.sweep") == 4
+    assert layer("grounding.composer.__main__") == 4 and layer("grounding.stage_config") == 0
+
+
+def test_the_cli_imports_every_stage_package_by_name_in_its_source():
+    """The CLI selects stages by class name, so it imports their packages, explicitly (the top floor sees them)."""
+    import data_modules
+
+    targets = {i.target for i in ALL_IMPORTS if i.importer == "grounding.cli"}
+    assert {f"data_modules.{m}" for m in data_modules.DATAMODULE_MODULES} | {"grounding.vgbert", "grounding.semclip"} <= targets
+    assert not [i for i in ALL_IMPORTS if i.target == "grounding.cli" and layer(i.importer) < 4]
+
+
+def test_a_module_loaded_by_name_is_seen():
+    """``importlib.import_module("grounding.cli")`` in a paper module is an upward import like any other."""
+    source = 'import importlib\n\n\ndef load():\n    return importlib.import_module("grounding.cli")\n'
+    found = _imports("grounding.composer.crg", source)
+    assert [(i.target, i.in_function) for i in found] == [("grounding.cli", True)]
+    assert layer(found[0].target) > layer(found[0].importer)
 
 
 def test_imports_point_down_the_layers():
@@ -165,7 +197,9 @@ def test_suite_imports_sit_at_the_top_of_files():
 
 
 @pytest.mark.parametrize("bad", ["data_modules.synthetic -> grounding.semclip.vlm",
-                                 "grounding.utils.io -> grounding.vgbert.pretrain"])
+                                 "grounding.utils.io -> grounding.vgbert.pretrain",
+                                 "grounding.composer.cost -> grounding.cli",
+                                 "grounding.stage_config -> grounding.cli"])
 def test_the_direction_check_can_fail(bad):
     importer, target = bad.split(" -> ")
     assert layer(target) > layer(importer)

@@ -17,7 +17,7 @@ from grounding.cli import main as cli_main
 from grounding.composer import backend_available, read_captions, write_karpathy_split
 from grounding.composer.__main__ import main
 from grounding.composer.data import ComposerDataModule
-from grounding.composer.split_eval import COLUMNS, find_splits, plot_fig4, write_table
+from grounding.leaderboard.splits import COLUMNS, find_splits, plot_fig4, write_table
 from grounding.paths import EXPERIMENTS_DIR
 
 WORLD_CONFIG = EXPERIMENTS_DIR / "composer" / "composer_world.yaml"

@@ -25,7 +25,8 @@ from grounding.cli import run_test_subcommand
 from grounding.explore.__main__ import load_explorer
 from grounding.explore.__main__ import main as explore_main
 from grounding.explore.app import QueryError
-from grounding.explore.models import CrossModel, MatchMapModel, SemCLIPModel, VectorModel
+from grounding.explore.models import CrossModel, Gallery, MatchMapModel, SemCLIPModel, VectorModel
+from grounding.leaderboard import load_leaderboard
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.semclip.alignment import AlignmentTransform, save_transform
 from grounding.semclip.ste import STEEmbedding
@@ -198,10 +199,17 @@ def test_start_up_errors_are_one_line_and_exit_2(board, tmp_path, capsys, case):
         assert "make vilbert" in err[0]
 
 
-def test_check_answers_in_the_terminal(board, capsys):
+def test_check_answers_in_the_terminal(board, capsys, monkeypatch):
+    monkeypatch.setenv("GROUNDING_CACHE", str(board["folder"] / "cache"))
     assert explore_main(["--config", str(board["path"]), "--check", "a red car"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert {line.split(" (")[0] for line in out} == {"stage 1", "dual", "COMPOSER", "SemCLIP"}
+    # --gallery all: every photo of the data (train, val and test), each answer drawn from all of them
+    board_cfg = load_leaderboard(board["path"])
+    test, every = Gallery.from_test_set(board_cfg.test_set), Gallery.from_test_set(board_cfg.test_set, "all")
+    assert len(every.image_paths) > len(test.image_paths) and set(test.image_paths) <= set(every.image_paths)
+    assert len(every.flat_captions) == len(every.caption_image) and every.caption_image.max() == len(every.image_paths) - 1
+    assert explore_main(["--config", str(board["path"]), "--check", "a red car", "--gallery", "all"]) == 0
 
 
 def _free_port() -> int:

@@ -332,9 +332,9 @@ def test_concreteness_end_to_end_on_semcat_subset(shared_data, tmp_path, monkeyp
 # Command line (jsonargparse): configs, flags, errors
 # --------------------------------------------------------------------------------------------
 def _cli_config(argv):
-    from grounding.cli import config_options_first
     from grounding.semantic_space.__main__ import build_parser, config_from_args
     from grounding.semantic_space.report import merge_config
+    from grounding.stage_config import config_options_first
 
     return merge_config(config_from_args(build_parser().parse_args(config_options_first(argv))))
 

@@ -63,7 +63,8 @@ def test_bad_switches_fail_early():
 
 
 def test_switches_from_the_command_line():
-    from grounding.cli import ConfigError, resolved_config
+    from grounding.cli import resolved_config
+    from grounding.stage_config import ConfigError
 
     cfg = resolved_config("experiments/semclip/ste_wordnet.yaml",
                           [{"data": {"init_args": {"positive_weighting": "uniform", "non_synonym_weight": 0.25}}}])

@@ -7,7 +7,7 @@
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
     python -m grounding.composer evaluate-splits --config MODEL.yaml --ckpt CKPT --splits MCD_DIR [--out DIR]
-                                                 [--rerank-top-k K] [--limit N]   # Fig. 4 (split_eval.py)
+                                                 [--rerank-top-k K] [--limit N]   # Fig. 4 (grounding/leaderboard/splits.py)
     python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6]  # Table 6 (cost.py)
 
 ``--config experiments/composer/<name>.yaml`` fills any option of crg / stats / mcd from a YAML file
@@ -31,9 +31,9 @@ import numpy as np
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
-from grounding.cli import config_options_first
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import shared_data_dir
+from grounding.stage_config import config_options_first
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
 from .build import build_concept_graph
@@ -285,8 +285,9 @@ def main(argv=None) -> int:
             print(format_stats(g.stats(), name))
             return 0
         if args.command == "evaluate-splits":
-            # here, not at the top: torch and Lightning load only for this command (crg / mcd stay light)
-            from .split_eval import evaluate_splits
+            # here, not at the top: torch and Lightning load only for this command (crg / mcd stay light); an entry
+            # point, so it may reach the top floor (the leaderboard package runs the test loops)
+            from grounding.leaderboard.splits import evaluate_splits
 
             splits = _expand(args.splits)
             evaluate_splits(_expand(args.config), _expand(args.ckpt), splits, _expand(args.out) or str(Path(splits) / "eval"),

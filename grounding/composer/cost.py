@@ -20,9 +20,9 @@ from jsonargparse import ArgumentError
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.encoders import MissingWeightsError, load_tokenizer
 from grounding.nets import build_net
+from grounding.stage_config import expand_config_bases, stage_config_parser
 
 from . import model as composer_model
 from .build import texts_batch

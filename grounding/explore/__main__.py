@@ -13,14 +13,14 @@ import sys
 
 from grounding.errors import user_errors_exit
 from grounding.explore.app import CSS, Explorer, QueryError, build_app
-from grounding.explore.models import ExplorerError, Gallery, first_stage_of, load_models
+from grounding.explore.models import GALLERY_SPLITS, ExplorerError, Gallery, first_stage_of, load_models
 from grounding.leaderboard.board import LeaderboardError, load_leaderboard
 
 
 def load_explorer(config: str, first_stage: str | None = None, rerank_top_k: int = 20, top_k: int = 5,
-                  log=lambda line: print(line, file=sys.stderr, flush=True)) -> Explorer:
+                  log=lambda line: print(line, file=sys.stderr, flush=True), gallery: str = "test") -> Explorer:
     board = load_leaderboard(config)
-    gallery = Gallery.from_test_set(board.test_set)
+    gallery = Gallery.from_test_set(board.test_set, gallery)
     log(f"gallery {gallery.name}: {len(gallery.image_paths)} photos, {len(gallery.flat_captions)} captions")
     report = load_models(board.models, gallery, log=log)
     return Explorer(gallery, report, first_stage_of(report.models, first_stage), rerank_top_k, top_k)
@@ -38,13 +38,15 @@ def main(argv: list[str] | None = None) -> int:
                                          "encoder loaded)")
     p.add_argument("--rerank-top-k", type=int, default=20)
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--gallery", choices=GALLERY_SPLITS, default="test",
+                   help="the photos searched: the test split (default) or all splits of the test set's data")
     p.add_argument("--check", metavar="QUERY", help="answer one query in the terminal and exit")
     args = p.parse_args(argv)
     if args.rerank_top_k < 1 or not 1 <= args.top_k <= 10 or not 0 < args.port < 65536:
         print("error: --rerank-top-k must be >= 1, --top-k in 1..10 and --port in 1..65535", file=sys.stderr)
         return 2
     try:
-        explorer = load_explorer(args.config, args.first_stage, args.rerank_top_k, args.top_k)
+        explorer = load_explorer(args.config, args.first_stage, args.rerank_top_k, args.top_k, gallery=args.gallery)
     except (LeaderboardError, ExplorerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

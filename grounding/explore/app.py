@@ -194,7 +194,7 @@ class Explorer:
         if self.first_stage is not None and any(m.cross_encoder for m in self.report.models):
             lines.append(f"Cross-encoders rerank the top {self.rerank_top_k} of {self.first_stage.name}.")
         for name, command, files in self.report.missing:
-            lines.append(f"Not trained yet: {name} — `{command}` makes {', '.join(files)}")
+            lines.append(f"Not trained yet: {name} — `{command}` makes {', '.join(f'`{f}`' for f in files)}")
         for name, reason in self.report.failed:
             lines.append(f"⚠ {name} not loaded: {html.escape(reason)}")
         return "  \n".join(lines)
@@ -229,6 +229,8 @@ def overlay(path: Path, heat: torch.Tensor, alpha: float = 0.5) -> np.ndarray:
 
 def contact_sheet(labels: list[str], rows: list[list[Path]], thumb: int = THUMB) -> Image.Image:
     """One row of thumbnails per query (its top-k), the query written on the left."""
+    import textwrap
+
     from PIL import ImageDraw
 
     label_w = 220
@@ -237,7 +239,8 @@ def contact_sheet(labels: list[str], rows: list[list[Path]], thumb: int = THUMB)
     draw = ImageDraw.Draw(sheet)
     for y, (label, paths) in enumerate(zip(labels, rows)):
         top = y * (thumb + 4)
-        draw.text((4, top + thumb // 2 - 6), label[:34], fill="black")
+        lines = textwrap.wrap(label, 34)[:6]
+        draw.multiline_text((4, top + max(2, thumb // 2 - 7 * len(lines))), "\n".join(lines), fill="black", spacing=2)
         for x, p in enumerate(paths):
             sheet.paste(model_view(p, thumb), (label_w + x * (thumb + 4), top))
     return sheet

@@ -53,6 +53,7 @@ from grounding.vgbert.match_map import match_map
 from grounding.vgbert.pretrain import GroundingPretrain
 
 MAX_QUERY_CHARS = 300
+GALLERY_SPLITS = ("test", "all")
 CHUNK = 256  # gallery images encoded at a time
 
 
@@ -74,16 +75,22 @@ class Gallery:
     bank: list[str]  # the same data's training captions (SemCLIP's text bank: no gallery caption tags a photo)
 
     @classmethod
-    def from_test_set(cls, test_set: TestSet) -> "Gallery":
+    def from_test_set(cls, test_set: TestSet, splits: str = "test") -> "Gallery":
+        """The test set's ``test`` split, or ``all`` of its splits (train, val, test: every photo of the data)."""
+        if splits not in GALLERY_SPLITS:
+            raise ExplorerError(f"--gallery {splits!r}: one of {GALLERY_SPLITS}")
         dm = reference_data(test_set)  # a missing photo folder or caption file: one LeaderboardError line
-        test = dm.test_dataset
-        missing = [p for p in test.image_paths if not Path(p).is_file()]
+        parts = [dm.test_dataset] if splits == "test" else [
+            d for d in (getattr(dm, f"{s}_dataset", None) for s in ("train", "val", "test")) if d is not None]
+        paths = [Path(p) for d in parts for p in d.image_paths]
+        missing = [p for p in paths if not p.is_file()]
         if missing:
-            raise ExplorerError(f"test_set ({test_set.name}): {len(missing)} of {len(test.image_paths)} photos are "
+            raise ExplorerError(f"test_set ({test_set.name}): {len(missing)} of {len(paths)} photos are "
                                 f"missing (e.g. {missing[0]}); point captions.init_args at the folder that holds them")
         train = getattr(dm, "train_dataset", None)
         bank = [c for caps in train.captions for c in caps] if train is not None else []
-        return cls(test_set.name, [Path(p) for p in test.image_paths], [list(c) for c in test.captions], bank)
+        name = test_set.name if splits == "test" else f"{test_set.name} (all splits)"
+        return cls(name, paths, [list(c) for d in parts for c in d.captions], bank)
 
     @property
     def flat_captions(self) -> list[str]:

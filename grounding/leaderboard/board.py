@@ -65,7 +65,7 @@ from lightning.pytorch import Callback
 from matplotlib.figure import Figure
 
 from grounding.checkpoints import checkpoint_class
-from grounding.cli import ConfigError, resolved_config, run_test_subcommand
+from grounding.cli import resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
@@ -75,6 +75,7 @@ from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
 from grounding.semclip.vlm import load_vlm
+from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text, sha1_of_json
 
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"

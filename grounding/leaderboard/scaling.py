@@ -26,7 +26,7 @@ from typing import Sequence
 import yaml
 from matplotlib.figure import Figure
 
-from grounding.cli import ConfigError, resolved_config
+from grounding.cli import resolved_config
 from grounding.errors import user_errors_exit
 from grounding.leaderboard.board import (
     COMPOSER_DATA,
@@ -38,6 +38,7 @@ from grounding.leaderboard.board import (
     reference_data,
 )
 from grounding.paths import resolve_path
+from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
 
 COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "train_minutes", "epochs", "status",

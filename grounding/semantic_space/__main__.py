@@ -23,9 +23,9 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
-from grounding.cli import config_options_first
 from grounding.errors import user_errors_exit
 from grounding.semantic_space.report import DEFAULTS, merge_config, run_report
+from grounding.stage_config import config_options_first
 
 PROG = "python -m grounding.semantic_space"
 CONFIG_SECTION = "semantic_space"

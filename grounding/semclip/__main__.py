@@ -28,7 +28,6 @@ from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
 from grounding.checkpoints import require_checkpoint_of
-from grounding.cli import expand_config_bases, stage_config_parser
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
 from grounding.semclip.alignment import load_transform, minilm_lexical_variants
@@ -45,6 +44,7 @@ from grounding.semclip.photo_evaluation import (
 from grounding.semclip.stability import evaluate_world, write_world_report
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
 from grounding.semclip.vlm import list_images, load_vlm
+from grounding.stage_config import expand_config_bases, stage_config_parser
 from grounding.utils.io import atomic_path
 
 

@@ -12,6 +12,8 @@ Written to ``--out`` after every split (each file atomically): ``splits.csv`` an
 compound and atom divergence from train, images, captions, text->image R@1/5/10, image->text R@1/5/10,
 rsum; the JSON also keeps every logged test metric) and ``fig4.png``: text->image R@1 and R@5 against
 compound divergence, the MCD split marked, the random splits' divergence range of ``summary.json`` shaded.
+
+It lives on the top floor, beside the leaderboard, because it runs the CLI's test loop (one model, many test sets).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from grounding.checkpoints import CheckpointError, read_checkpoint
-from grounding.cli import ConfigError, run_test_subcommand
 from grounding.cli import resolved_config as cli_resolved_config
+from grounding.cli import run_test_subcommand
 from grounding.errors import UserInputError
+from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json
 
 MCD_FILE = "mcd.json"
