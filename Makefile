@@ -219,15 +219,19 @@ evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silho
 	$(call made_first,$(call report_ckpts,$(EVALUATE_CONFIG)))
 	$(PY) -m grounding.semantic_space --config $(EVALUATE_CONFIG) --out reports/semantic_space $(EVALUATE_ARGS)
 
-# VG-BERT's semantic space on real photos (issue 29): stage 1 on all 6,000 Flickr8k training photos (fit first when
-# missing; its dev-best checkpoint linked as best.ckpt), then the report with paired bootstrap intervals vs MiniLM.
+# VG-BERT's semantic space on real photos (issue 29): stage 1 on all 6,000 Flickr8k training photos and on the 753 of
+# the 1,000-photo subset (same photos' preprocessing; each fit first when missing, its dev-best checkpoint linked as
+# best.ckpt), then the report with paired bootstrap intervals against MiniLM.
 SEMANTIC_FLICKR8K_CONFIG ?= experiments/semantic_space/flickr8k_full.yaml
 SEMANTIC_FLICKR8K_STAGE1 ?= outputs/vgbert/stage1_flickr8k_full
-semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness, categories, norms, word similarity) with paired intervals: MiniLM vs stage 1 grounded on all 6,000 Flickr8k photos
-	@set -e; ls $(SEMANTIC_FLICKR8K_STAGE1)/checkpoints/best-*.ckpt >/dev/null 2>&1 || { \
-	  echo "no stage-1 checkpoint in $(SEMANTIC_FLICKR8K_STAGE1): fitting experiments/vgbert/stage1_flickr8k_full.yaml"; \
-	  $(CLI) fit --config experiments/vgbert/stage1_flickr8k_full.yaml --trainer.default_root_dir $(SEMANTIC_FLICKR8K_STAGE1); }
+SEMANTIC_FLICKR8K_SMALL ?= outputs/vgbert/stage1_flickr8k_753
+semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness, categories, norms, word similarity) with paired intervals: MiniLM vs stage 1 grounded on 6,000 and on 753 Flickr8k photos
+	@set -e; for pair in "$(SEMANTIC_FLICKR8K_STAGE1) experiments/vgbert/stage1_flickr8k_full.yaml" \
+	  "$(SEMANTIC_FLICKR8K_SMALL) experiments/vgbert/stage1_flickr8k_753.yaml"; do set -- $$pair; \
+	  ls $$1/checkpoints/best-*.ckpt >/dev/null 2>&1 || { \
+	  echo "no stage-1 checkpoint in $$1: fitting $$2"; $(CLI) fit --config $$2 --trainer.default_root_dir $$1; }; done
 	$(call link_best,$(SEMANTIC_FLICKR8K_STAGE1))
+	$(call link_best,$(SEMANTIC_FLICKR8K_SMALL))
 	$(PY) -m grounding.semantic_space --config $(SEMANTIC_FLICKR8K_CONFIG) $(EVALUATE_ARGS)
 
 demo-evaluate: install  ## semantic-space report on the demo's stage-1/stage-2 checkpoints vs MiniLM (reports/semantic_space_demo)

@@ -154,7 +154,7 @@ def offline_overrides(path, world, tmp_path):
 # tier (`make test-full`); `make test` still instantiates every one (test_config_parses_with_print_config) and
 # runs one fast_dev_run per region source and hard-negative mode (world grid, world boxes, F30K files + pool).
 SLOW_RUNS = {"semclip/ste_wordnet.yaml", "vgbert/baseline_flickr8k.yaml", "vgbert/baseline_flickr8k_full.yaml",
-             "vgbert/stage1_flickr8k_full.yaml",
+             "vgbert/stage1_flickr8k_full.yaml", "vgbert/stage1_flickr8k_753.yaml",
              *(f"composer/{m}_{d}.yaml" for m in ("composer", "vse", "vilbert", "vilbert_mvsa")
                for d in ("flickr8k", "flickr8k_full", "coco_paper", "c30k_paper")),
              "composer/vilbert_mvsa_f30k_paper.yaml"}

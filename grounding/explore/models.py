@@ -495,25 +495,31 @@ class LoadReport:
 def load_models(entries: Sequence[ModelEntry], gallery: Gallery, log: Callable[[str], None] = print) -> LoadReport:
     """Every row whose files exist; a row that cannot be loaded is reported with its reason, not fatal."""
     models, missing, failed = [], [], []
-    workdir = tempfile.mkdtemp(prefix="grounding-explore-")
-    for entry in entries:
-        gone = missing_files(entry)
-        if gone:
-            missing.append((entry.name, entry.command, gone))
-            continue
-        start = time.perf_counter()
-        try:
-            if entry.semclip is not None:
-                model = SemCLIPModel(entry, gallery)
-            else:
-                model = model_kind(checkpoint_class(entry.checkpoint()))(entry, gallery, workdir)
-        except (UserInputError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
-            failed.append((entry.name, " ".join(str(e).split())[:300]))
-            log(f"{entry.name}: not loaded: {failed[-1][1]}")
-            continue
-        models.append(model)
-        log(f"{entry.name}: {model.kind}, ready in {time.perf_counter() - start:.1f} s")
+    with tempfile.TemporaryDirectory(prefix="grounding-explore-") as workdir:  # the configs' trainer folder: unused
+        for entry in entries:
+            _load_one(entry, gallery, workdir, models, missing, failed, log)
     return LoadReport(models, missing, failed)
+
+
+def _load_one(entry: ModelEntry, gallery: Gallery, workdir: str, models: list, missing: list, failed: list,
+              log: Callable[[str], None]) -> None:
+    """One row into ``models``, ``missing`` (files not made yet) or ``failed`` (why it cannot be loaded)."""
+    gone = missing_files(entry)
+    if gone:
+        missing.append((entry.name, entry.command, gone))
+        return
+    start = time.perf_counter()
+    try:
+        if entry.semclip is not None:
+            model = SemCLIPModel(entry, gallery)
+        else:
+            model = model_kind(checkpoint_class(entry.checkpoint()))(entry, gallery, workdir)
+    except (UserInputError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
+        failed.append((entry.name, " ".join(str(e).split())[:300]))
+        log(f"{entry.name}: not loaded: {failed[-1][1]}")
+        return
+    models.append(model)
+    log(f"{entry.name}: {model.kind}, ready in {time.perf_counter() - start:.1f} s")
 
 
 def first_stage_of(models: Sequence[ExplorerModel], name: str | None) -> ExplorerModel | None:
