@@ -159,8 +159,9 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 # and 2 link it as best.ckpt: stage 1 (from stage 0) and stage 2 (from stage 1) start from it, as the official
 # code, stage 3 from stage 2's, and stage 2 tests the model that stage 3 and the semantic-space report use.
 best_ckpt = $$(ls -t $(1)/checkpoints/best-*.ckpt | head -1)
-link_best = ln -f $(call best_ckpt,$(1)) $(1)/checkpoints/.best.ckpt.tmp && \
-  mv -f $(1)/checkpoints/.best.ckpt.tmp $(1)/checkpoints/best.ckpt
+# Already linked to that file: nothing to do (mv refuses to move a hard link onto another link of the same file).
+link_best = [ $(1)/checkpoints/best.ckpt -ef "$(call best_ckpt,$(1))" ] || { ln -f $(call best_ckpt,$(1)) \
+  $(1)/checkpoints/.best.ckpt.tmp && mv -f $(1)/checkpoints/.best.ckpt.tmp $(1)/checkpoints/best.ckpt; }
 # A stage's val/test leave out every image the stage it starts from (and that one's chain) trained on: the
 # earlier run's best.ckpt, whatever path the config names (docs/configs.md, evaluation images and earlier stages).
 held_out_of = --data.init_args.exclude_eval_images '[$(1)/checkpoints/best.ckpt]'

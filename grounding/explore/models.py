@@ -427,6 +427,7 @@ class SemCLIPModel(ExplorerModel):
         image_vlm = cached("semclip-images", lambda: self.vlm.encode_image([str(p) for p in gallery.image_paths]), key)
         self.store.ingest(ids=list(range(len(gallery.image_paths))), vlm_embeddings=image_vlm)
         self._captions, self._key = None, key
+        self.store.targets.keys("a photo of a dog")  # loads the POS tagger and WordNet now, not on the first query
 
     def text_scores(self, query: str) -> torch.Tensor:
         return self.store.scores([query])[0]
