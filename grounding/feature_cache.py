@@ -421,6 +421,10 @@ def detach(dataset) -> None:
 
 
 LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
+# The splits each loader hook reads (a DataModule's ``datasets`` keys): a `test` run caches the test photos only, not
+# the training set it never reads.
+LOADER_SPLITS = {"train_dataloader": ("train",), "val_dataloader": ("val",), "test_dataloader": ("test",),
+                 "predict_dataloader": ("predict", "test")}
 
 
 class FeatureCache(Callback):
@@ -453,7 +457,7 @@ class FeatureCache(Callback):
         for hook in LOADER_HOOKS:
             if hook not in self._originals:
                 self._originals[hook] = getattr(dm, hook)
-                setattr(dm, hook, self._wrap(trainer, pl_module, self._originals[hook]))
+                setattr(dm, hook, self._wrap(trainer, pl_module, self._originals[hook], LOADER_SPLITS[hook]))
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         dm = trainer.datamodule
@@ -462,19 +466,26 @@ class FeatureCache(Callback):
                 delattr(dm, hook)
         self._originals.clear()
 
-    def _wrap(self, trainer, pl_module, original):
+    def _wrap(self, trainer, pl_module, original, splits):
         @functools.wraps(original)
         def loader_hook(*args, **kwargs):
-            self.attach(trainer, pl_module)
+            self.attach(trainer, pl_module, splits)
             return original(*args, **kwargs)
         return loader_hook
 
-    def attach(self, trainer, pl_module) -> None:
-        """Swap every image dataset of the DataModule to cached maps of the module's current backbone."""
+    def attach(self, trainer, pl_module, splits: tuple[str, ...] | None = None) -> None:
+        """Swap the DataModule's image datasets of ``splits`` to cached maps of the module's current backbone: all of
+        them when ``splits`` is None or the DataModule keeps no ``datasets`` by split (a split never read stays
+        pixels, and is never cached)."""
         backbone = pl_module.frozen_backbone()
         datamodule = trainer.datamodule
         fingerprint = state_dict_sha1(backbone)
-        for ds in datamodule.image_datasets():
+        datasets = datamodule.image_datasets()
+        by_split = getattr(datamodule, "datasets", None)
+        if splits is not None and isinstance(by_split, dict):
+            wanted = {id(by_split[s]) for s in splits if s in by_split}
+            datasets = [ds for ds in datasets if id(ds) in wanted]
+        for ds in datasets:
             if (id(ds), fingerprint) in self._attached:
                 continue
             if trainer.is_global_zero:

@@ -8,6 +8,8 @@ must be a cached map.
 
 from __future__ import annotations
 
+import json
+
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from torch import nn
@@ -129,3 +131,25 @@ def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, m
     keys = [[cache_key(backbone, d) for d in dm.image_datasets()] for dm in (dual, composer, other)]
     assert len(keys[0]) == 3 and keys[0] == keys[1]  # train, val, test: one folder each, shared
     assert not set(keys[0]) & set(keys[2])
+
+
+class TwoSplits(Images):
+    """A training split of other photos than the test split's (another cache key)."""
+
+    def __init__(self):
+        super().__init__()
+        self.datasets = {"train": Pixels(8), "test": Pixels(6)}
+
+
+def test_a_test_run_caches_only_the_split_it_reads(tmp_path, monkeypatch):
+    """`test` reads the test photos only: the training split (here 8 other photos) is neither cached nor swapped."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    stage, dm = Stage(), TwoSplits()
+    _trainer(tmp_path).test(stage, dm)
+    assert [b.shape[1] for b in stage.seen] == [5, 5, 5]  # the test batches are cached maps
+    folders = list((tmp_path / "cache" / "features").iterdir())
+    assert [json.loads((f / "meta.json").read_text())["n_images"] for f in folders] == [6]
+    assert not hasattr(dm.datasets["train"], "_pixel_load_image")  # never swapped to cached maps
+    # a fit then reads the training split: its cache is built when its loader is first asked for
+    _trainer(tmp_path / "fit", max_epochs=1, limit_train_batches=1).fit(Stage(), dm)
+    assert len(list((tmp_path / "cache" / "features").iterdir())) == 2
