@@ -270,8 +270,9 @@ class MatchMapModel(ExplorerModel):
 
     def text_scores(self, query: str) -> torch.Tensor:
         _, words, mask = self.words([query])
-        with torch.inference_mode():
-            return self.module.eval_scores(self.visual.float(), words, mask)[:, 0]
+        with torch.inference_mode():  # the fp16 visual tokens in float32 a chunk at a time, not the whole gallery's
+            return torch.cat([self.module.eval_scores(self.visual[s:s + 1024].float(), words, mask)[:, 0]
+                              for s in range(0, len(self.visual), 1024)])
 
     def caption_scores(self, image: int) -> torch.Tensor:
         if self._captions is None:
