@@ -79,7 +79,11 @@ def read_config_yaml(file: Path):
 
 def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
     file = Path(path)
-    if not file.is_file():
+    try:
+        is_file = file.is_file()
+    except OSError:  # an inline YAML string longer than a file name can be
+        is_file = False
+    if not is_file:
         return ["--config", path]  # jsonargparse reports it (or it is an inline YAML string)
     cfg = read_config_yaml(file)
     if not isinstance(cfg, dict) or "base" not in cfg:

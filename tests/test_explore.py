@@ -31,6 +31,7 @@ from grounding.paths import EXPERIMENTS_DIR
 from grounding.semclip.alignment import AlignmentTransform, save_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.vlm import SuiteVLM
+from grounding.stage_config import expand_config_bases
 
 OFFLINE = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None}
 
@@ -44,10 +45,10 @@ def _config(folder: Path, name: str, base: str, net: dict, data: dict) -> str:
     return str(path)
 
 
-def _fit(config: str, out: Path) -> str:
+def _fit(config: str, out: Path, *extra: str) -> str:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
-                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={out}"])
+                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={out}", *extra])
     return str(out / "checkpoints" / "last.ckpt")
 
 
@@ -178,6 +179,25 @@ def test_wrong_checkpoint_is_listed_not_served(board, tmp_path):
     assert list(explorer.models) == ["dual"]
     (name, reason), = explorer.report.failed
     assert name == "stage 1" and "is a checkpoint of" in reason and "GroundingPretrain" in reason
+
+
+def test_a_run_fit_with_overrides_is_rebuilt_from_its_own_config(board, tmp_path, monkeypatch):
+    """A stage fit with a command-line override of its network (as `make stage3` gives the search heads their stage-2
+    checkpoint) loads: the explorer builds it from the run's config.yaml, not from the row's config alone."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(board["folder"] / "cache"))
+    ckpt = _fit(board["configs"]["dual"], tmp_path / "run", "--model.init_args.net.init_args.projection_dim=24")
+    rows = yaml.safe_load(board["path"].read_text())
+    rows["models"] = [{"name": "dual, 24 wide", "config": board["configs"]["dual"], "ckpt": ckpt, "command": "make baseline"}]
+    path = tmp_path / "board.yaml"
+    path.write_text(yaml.safe_dump(rows))
+    explorer = load_explorer(str(path), log=lambda line: None)
+    assert not explorer.report.failed and explorer.models["dual, 24 wide"].images.shape[1] == 24
+
+
+def test_a_long_inline_config_is_not_taken_for_a_file_name():
+    """build_stage passes the run's config sections as one inline YAML string, longer than a file name may be."""
+    inline = yaml.safe_dump({"model": {"init_args": {f"key_{i}": "x" * 20 for i in range(40)}}})
+    assert len(inline) > 1000 and expand_config_bases(["--config", inline]) == ["--config", inline]
 
 
 @pytest.mark.parametrize("case", ["missing photos", "bad yaml", "bad option", "no model"])

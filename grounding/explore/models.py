@@ -32,11 +32,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+import yaml
 
 from data_modules.common import CaptionDataset, tokenize
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, checkpoint_class, read_checkpoint
-from grounding.cli import build_stage
+from grounding.cli import build_stage, resolved_config
 from grounding.composer.baselines import VSETraining
 from grounding.composer.build import texts_batch
 from grounding.composer.training import ComposerTraining, RegionRetrievalModule
@@ -176,17 +177,36 @@ class ExplorerModel:
         return Ranked(rows, scores, time.perf_counter() - start)
 
 
+def _run_sections(ckpt: Path, cls: type) -> dict | None:
+    """The ``model`` and ``data`` sections of the config the checkpoint's run was fit with (``<run>/config.yaml``, every
+    command-line override included, e.g. the stage-2 checkpoint a search-head run read its architecture from), when
+    that run fit the same class; else None."""
+    path = ckpt.parent.parent / "config.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        return None
+    if _class_of(str(cfg["model"].get("class_path", ""))) is not cls:
+        return None
+    return {k: cfg[k] for k in ("model", "data") if isinstance(cfg.get(k), dict)}
+
+
 def _checked_module(entry: ModelEntry, workdir: str):
-    """The row's LightningModule and DataModule built from its config, with the checkpoint's weights; a checkpoint of
-    another class than the config's is refused."""
+    """The row's LightningModule and DataModule built from its config (with the sections of the config its run was fit
+    with on top, when there is one), holding the checkpoint's weights; a checkpoint of another class than the
+    config's is refused."""
     ckpt = entry.checkpoint()
-    cli = build_stage(resolve_path(entry.config), workdir=workdir)
-    module, dm = cli.model, cli.datamodule
-    named = f"{type(module).__module__}.{type(module).__qualname__}"
+    named = str(resolved_config(resolve_path(entry.config))["model"]["class_path"])
+    cls = _class_of(named)
     recorded = checkpoint_class(ckpt)
-    if recorded is not None and _class_of(recorded) is not type(module):
+    if recorded is not None and _class_of(recorded) is not cls:
         raise CheckpointError(f"{entry.name}: {ckpt} is a checkpoint of {recorded}, but its config {entry.config} names "
-                              f"{named}; give a checkpoint of {type(module).__name__}")
+                              f"{named}; give a checkpoint of {named.rpartition('.')[2]}")
+    run = _run_sections(ckpt, cls)
+    cli = build_stage(resolve_path(entry.config), [run] if run else [], workdir=workdir)
+    module, dm = cli.model, cli.datamodule
     state = read_checkpoint(ckpt, entry.name)["state_dict"]
     try:
         module.load_state_dict(state, strict=True)
