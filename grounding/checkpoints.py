@@ -7,14 +7,13 @@ read checkpoints through here.
 
 from __future__ import annotations
 
-import importlib
 import zipfile
 from pathlib import Path
 
 import torch
 
 from grounding.encoders import MissingWeightsError
-from grounding.nets import net_hparams
+from grounding.nets import class_of, net_hparams
 
 
 class CheckpointError(MissingWeightsError, FileNotFoundError):
@@ -49,12 +48,8 @@ def require_checkpoint_of(path: str | Path, cls: type, what: str, fix: str) -> P
     path = require_checkpoint_file(path, what, fix)
     recorded = checkpoint_class(path)
     if recorded is not None:
-        module, _, name = recorded.rpartition(".")
-        try:
-            found = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            found = None
-        if not (isinstance(found, type) and issubclass(found, cls)):
+        found = class_of(recorded)
+        if not (found is not None and issubclass(found, cls)):
             raise CheckpointError(f"{what} {path} is a checkpoint of {recorded}, not of {cls.__name__}. Fix: {fix}.")
     return path
 

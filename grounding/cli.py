@@ -11,7 +11,6 @@ so a tiny config is the paper config plus overrides.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import logging
 import os
@@ -40,6 +39,7 @@ import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
+from grounding.nets import class_of
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.run_folder import (
     RunLock,
@@ -216,21 +216,13 @@ class GroundingCLI(LightningCLI):
             self.run_lock = RunLock(root).acquire()
 
 
-def _class_of(class_path) -> type | None:
-    module, _, name = str(class_path or "").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        return None  # the normal run reports it
-
-
 def checkpoint_compatible(recorded: str, named: str) -> bool:
     """A checkpoint of class ``recorded`` may run under a config naming ``named``: the same class, or two classes of
     one declared ``checkpoint_family`` (COMPOSER and its baselines share their data and evaluation: Table 2's test
     configs are COMPOSER's and test any of them)."""
     if recorded == named:
         return True
-    family = [getattr(_class_of(c), "checkpoint_family", None) for c in (recorded, named)]
+    family = [getattr(class_of(c), "checkpoint_family", None) for c in (recorded, named)]
     return family[0] is not None and family[0] == family[1]
 
 
@@ -301,7 +293,7 @@ def check_inputs_early(config, subcommand: str | None) -> None:
     suite's :class:`~grounding.errors.UserInputError`; anything else is left to the normal run to report."""
     if config.get("model") and subcommand == "fit" and config.get("ckpt_path") is None:  # read only then
         init_args = config.model.get("init_args") or {}
-        for option, stage in checkpoint_options(_class_of(config.model.get("class_path"))).items():
+        for option, stage in checkpoint_options(class_of(config.model.get("class_path"))).items():
             path = init_args.get(option)
             if not isinstance(path, str):
                 continue

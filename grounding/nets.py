@@ -50,6 +50,16 @@ def net_spec(net: RecordedNet) -> dict:
     return {"class_path": f"{type(net).__module__}.{type(net).__qualname__}", "init_args": dict(net.init_args)}
 
 
+def class_of(class_path: str | None) -> type | None:
+    """The class a dotted path names (``grounding.vgbert.pretrain.GroundingPretrain``), or None when it imports none."""
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if isinstance(found, type) else None
+
+
 def build_net(spec: dict, **overrides) -> nn.Module:
     """The network a :func:`net_spec` describes, with ``overrides`` replacing some of its init args."""
     if not isinstance(spec, dict) or "class_path" not in spec:

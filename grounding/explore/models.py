@@ -22,7 +22,6 @@ one backbone reads them once.
 
 from __future__ import annotations
 
-import importlib
 import re
 import tempfile
 import time
@@ -44,6 +43,7 @@ from grounding.composer.training import ComposerTraining, RegionRetrievalModule
 from grounding.errors import UserInputError
 from grounding.leaderboard.board import ModelEntry, TestSet, missing_files, reference_data
 from grounding.lexicon import wordnet
+from grounding.nets import class_of
 from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
@@ -188,7 +188,7 @@ def _run_sections(ckpt: Path, cls: type) -> dict | None:
         return None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         return None
-    if _class_of(str(cfg["model"].get("class_path", ""))) is not cls:
+    if class_of(cfg["model"].get("class_path")) is not cls:
         return None
     return {k: cfg[k] for k in ("model", "data") if isinstance(cfg.get(k), dict)}
 
@@ -199,9 +199,9 @@ def _checked_module(entry: ModelEntry, workdir: str):
     config's is refused."""
     ckpt = entry.checkpoint()
     named = str(resolved_config(resolve_path(entry.config))["model"]["class_path"])
-    cls = _class_of(named)
+    cls = class_of(named)
     recorded = checkpoint_class(ckpt)
-    if recorded is not None and _class_of(recorded) is not cls:
+    if recorded is not None and class_of(recorded) is not cls:
         raise CheckpointError(f"{entry.name}: {ckpt} is a checkpoint of {recorded}, but its config {entry.config} names "
                               f"{named}; give a checkpoint of {named.rpartition('.')[2]}")
     run = _run_sections(ckpt, cls)
@@ -214,14 +214,6 @@ def _checked_module(entry: ModelEntry, workdir: str):
         raise CheckpointError(f"{entry.name}: {ckpt} does not fit the network of {entry.config} "
                               f"({str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e})") from None
     return module.eval(), dm
-
-
-def _class_of(class_path: str) -> type | None:
-    module, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        return None
 
 
 def _backbone_maps(backbone: torch.nn.Module, gallery: Gallery, transform) -> fcache.CachedFeatureLoader:
@@ -497,7 +489,7 @@ class SemCLIPModel(ExplorerModel):
 def model_kind(class_path: str | None) -> type:
     """The explorer class for a checkpoint's LightningModule class: match maps for VG-BERT stage 1, cross-encoding
     for COMPOSER's family (VSE aside: one vector per image and text), vectors for the rest."""
-    cls = _class_of(class_path or "")
+    cls = class_of(class_path)
     if isinstance(cls, type) and issubclass(cls, GroundingPretrain):
         return MatchMapModel
     if isinstance(cls, type) and issubclass(cls, RegionRetrievalModule) and not issubclass(cls, VSETraining):

@@ -48,7 +48,6 @@ included, caches warm after a first run). A model whose files are missing is a s
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import math
@@ -69,6 +68,7 @@ from grounding.cli import resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
+from grounding.nets import class_of
 from grounding.paths import resolve_path
 from grounding.retrieval import RetrievalScores, retrieval_metrics, rsum_interval, save_first_stage, subset_t2i_recalls
 from grounding.semclip.alignment import load_transform
@@ -344,12 +344,10 @@ def reference_data(test_set: TestSet, compositional: bool = False):
     if compositional and not resolve_path(test_set.compositional_split).is_file():
         raise LeaderboardError(f"{where}: compositional_split {test_set.compositional_split} does not exist; make the "
                                "MCD split first (`make leaderboard-flickr8k` does: python -m grounding.composer mcd ...)")
-    module, _, name = captions["class_path"].rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+    cls = class_of(captions["class_path"])
+    if cls is None:
         raise LeaderboardError(f"{where}: captions.class_path {captions['class_path']!r} is no importable class "
-                               "(e.g. data_modules.FlickrDataModule)") from None
+                               "(e.g. data_modules.FlickrDataModule)")
     try:
         dm = cls(**captions["init_args"])
         dm.setup()

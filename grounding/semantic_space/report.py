@@ -22,6 +22,7 @@ import pandas as pd
 
 from data_modules import lexical
 from grounding.checkpoints import checkpoint_class, require_checkpoint_of
+from grounding.nets import class_of
 from grounding.semantic_space import clustering, composition, concreteness, intervals, property_norms
 from grounding.semantic_space.embeddings import LanguageStreamError, WordEmbedder, load_language_stream
 from grounding.utils.io import atomic_path
@@ -114,17 +115,14 @@ def check_model_classes(models: list[dict]) -> None:
     """Before any work: a model whose ``model_class`` is set (a LightningModule class path, e.g.
     ``grounding.vgbert.pretrain.GroundingPretrain``) must be a checkpoint of that class or a subclass; another
     model's checkpoint is a one-line error naming both (grounding.checkpoints.require_checkpoint_of)."""
-    import importlib
 
     for m in models:
         if not m.get("model_class"):
             continue
-        module, _, name = str(m["model_class"]).rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
+        cls, name = class_of(m["model_class"]), str(m["model_class"]).rpartition(".")[2]
+        if cls is None:
             raise LanguageStreamError(f"model {m['name']!r}: model_class {m['model_class']!r} is not an importable "
-                                      "class path (e.g. grounding.vgbert.pretrain.GroundingPretrain)") from None
+                                      "class path (e.g. grounding.vgbert.pretrain.GroundingPretrain)")
         require_checkpoint_of(m["source"], cls, f"model {m['name']!r}: source",
                               f"give a {name} checkpoint or change model_class")
 
