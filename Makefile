@@ -302,7 +302,8 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 # (experiments/composer/<model>_<data>.yaml) fit per seed with train recall logged every epoch, then tested (every pair
 # scored); then the learning curves (PNG) and the test table (mean ± sd over seeds). A run with test metrics is kept.
 # `make composer-compare COMPARE_DATA=flickr8k` on the 753 real photos (hours on 2 CPU cores).
-# COMPARE_ARGS (e.g. a switch of the network for an ablation) go to both the fit and the test.
+# COMPARE_ARGS (e.g. a switch of the network for an ablation) go to both the fit and the test. A run with a
+# last.ckpt but no test resumes from it (a stopped comparison continues where it was).
 COMPARE_MODELS ?= composer vilbert vilbert_mvsa
 COMPARE_SEEDS ?= 0 1
 COMPARE_DATA ?= world
@@ -315,10 +316,11 @@ composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same 
 	@set -e; for seed in $(COMPARE_SEEDS); do for model in $(COMPARE_MODELS); do \
 	  cfg=experiments/composer/$${model}_$(COMPARE_DATA).yaml; run=$(COMPARE_OUT)/$${model}_s$$seed; \
 	  if grep -qs "test/rsum" $$run/csv/version_*/metrics.csv; then echo "$$run: tested, kept"; continue; fi; \
-	  echo "== $$model seed $$seed -> $$run"; \
+	  start="--overwrite true"; if [ -f $$run/checkpoints/last.ckpt ]; then start="--ckpt_path $$run/checkpoints/last.ckpt"; fi; \
+	  echo "== $$model seed $$seed -> $$run ($$start)"; \
 	  $(CLI) fit --config $$cfg --config experiments/trainer/csv_logger.yaml --seed_everything $$seed \
 	    --data.init_args.seed $$seed --model.init_args.train_recall_images 25 --trainer.default_root_dir $$run \
-	    --overwrite true $(COMPARE_ARGS); \
+	    $$start $(COMPARE_ARGS); \
 	  $(CLI) test --config $$cfg --config experiments/trainer/csv_logger.yaml --trainer.default_root_dir $$run \
 	    --ckpt_path $$run/checkpoints/last.ckpt $(COMPARE_ARGS); \
 	done; done

@@ -120,4 +120,8 @@ def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
     assert "| composer | 2 | 310.0 ± 14.1 |" in (tmp_path / "report" / "compare.md").read_text()
     from grounding.composer.compare import read_curve
     assert read_curve(tmp_path / "composer_s0") == ([1, 2], [10.0, 30.0])
+    resumed = tmp_path / "composer_s0" / "csv" / "version_2"  # a fit resumed at epoch 2 logs in a later version
+    resumed.mkdir()
+    (resumed / "metrics.csv").write_text("epoch,step,train/t2i_r1\n1,19,31.0\n2,24,40.0\n")
+    assert read_curve(tmp_path / "composer_s0") == ([1, 2, 3], [10.0, 31.0, 40.0])
     assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2

@@ -37,13 +37,14 @@ def _csv_rows(run: Path) -> list[list[dict]]:
 
 
 def read_curve(run: Path, metric: str = "train/t2i_r1") -> tuple[list[int], list[float]]:
-    """(epochs from 1, values) of ``metric`` in the newest CSV log of a run that has it."""
-    for rows in reversed(_csv_rows(run)):
-        points = [(int(float(r["epoch"])) + 1, float(r[metric])) for r in rows
-                  if r.get(metric) not in (None, "") and r.get("epoch") not in (None, "")]
-        if points:
-            return [e for e, _ in points], [v for _, v in points]
-    return [], []
+    """(epochs from 1, values) of ``metric`` over every CSV log of a run: a resumed fit logs its later epochs in a
+    new version, so the versions are joined in order, a later version's value winning for an epoch logged twice."""
+    points: dict[int, float] = {}
+    for rows in _csv_rows(run):
+        points.update((int(float(r["epoch"])) + 1, float(r[metric])) for r in rows
+                      if r.get(metric) not in (None, "") and r.get("epoch") not in (None, ""))
+    epochs = sorted(points)
+    return epochs, [points[e] for e in epochs]
 
 
 def read_test(run: Path) -> dict[str, float]:
