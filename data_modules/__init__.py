@@ -16,8 +16,8 @@ import importlib
 _EXPORTS = {
     "CocoCaptionsDataModule": "coco",
     "FlickrDataModule": "flickr",
-    "CaptionDataModule": "common", "CaptionDataset": "common", "CorruptImageError": "common", "DataError": "common",
-    "GroundingDataModule": "common", "MalformedDataError": "common", "MissingDataError": "common",
+    "CaptionDataModule": "base", "GroundingDataModule": "base", "CaptionDataset": "captions",
+    "CorruptImageError": "errors", "DataError": "errors", "MalformedDataError": "errors", "MissingDataError": "errors",
     "LabelMapping": "visual_genome", "VisualGenomeDataModule": "visual_genome", "VisualGenomeDataset": "visual_genome",
     "VocabularyLabelMapping": "visual_genome",
     "CleanedVGLabelMapping": "vg_cleaning",

@@ -13,23 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.training_images import image_key
 
-from .common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    WORLD_HINT,
-    CaptionDataModule,
-    CaptionSplit,
-    MalformedDataError,
-    karpathy_entries,
-    karpathy_sentences,
-    karpathy_split,
-    malformed,
-    require_file,
-    resolve,
-)
+from .base import CaptionDataModule
+from .captions import CaptionSplit
+from .errors import WORLD_HINT, MalformedDataError, malformed, require_file, resolve
 from .formats import COCO_SCHEMA, CaptionImage, read_coco_json
+from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
 
 COCO_LAYOUT = """\
   <root>/annotations/captions_train2017.json   official COCO captions ("images" + "annotations")
@@ -50,7 +41,7 @@ class CocoCaptionsDataModule(CaptionDataModule):
     root; default dataset_coco.json for the karpathy layout); ``use_restval`` (Karpathy's restval
     images join train: the 113,287-image training set); ``train_set`` / ``val_set``: the official
     set names (train2017 / val2017, or train2014 / val2014); ``exclude_eval_images`` (checkpoints or image lists
-    whose images leave val/test, see :class:`~data_modules.common.CaptionDataModule`). Images are keyed by their
+    whose images leave val/test, see :class:`~data_modules.base.CaptionDataModule`). Images are keyed by their
     COCO id (``coco:<id>``, grounding.training_images).
     """
 

@@ -13,24 +13,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.training_images import flickr_file_key
 
-from .common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    WORLD_HINT,
-    CaptionDataModule,
-    CaptionSplit,
-    MalformedDataError,
-    MissingDataError,
-    group_captions,
-    karpathy_entries,
-    karpathy_sentences,
-    karpathy_split,
-    require_file,
-    resolve,
-)
+from .base import CaptionDataModule
+from .captions import CaptionSplit, group_captions
+from .errors import WORLD_HINT, MalformedDataError, MissingDataError, require_file, resolve
 from .formats import read_flickr_token_pairs, read_text, split_lines
+from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +78,7 @@ class FlickrDataModule(CaptionDataModule):
     cross-encoder's affordable validation). ``test_only``: train and val may be
     empty (an evaluation-only Karpathy file such as an MCD split of ``python -m grounding.composer mcd``).
     ``exclude_eval_images``: checkpoints or image lists whose images leave val/test (see
-    :class:`~data_modules.common.CaptionDataModule`). Images are keyed by their Flickr photo id (``flickr:<id>``,
+    :class:`~data_modules.base.CaptionDataModule`). Images are keyed by their Flickr photo id (``flickr:<id>``,
     from ``<id>.jpg`` / ``<id>_<secret>.jpg``), else by file name (grounding.training_images).
     """
 

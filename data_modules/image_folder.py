@@ -22,7 +22,9 @@ from torch.utils.data import Dataset
 
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 
-from .common import GroundingDataModule, ImageDataset, MalformedDataError, MissingDataError, require_root
+from .base import GroundingDataModule
+from .errors import MalformedDataError, MissingDataError, require_root
+from .images import ImageDataset
 
 LAYOUT = """  <root>/train/<class>/<image>.JPEG   (one folder per class; ImageNet: n01440764/ ...)
   <root>/val/<class>/<image>.JPEG     (classes named as in train)

@@ -31,6 +31,8 @@ import numpy as np
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.utils.io import atomic_path, sha1_of_json
 
+from .errors import iter_json_array
+
 FORMAT_VERSION = 1
 MANIFEST = "crops.json"
 IMAGE_DIRS = ("VG_100K", "VG_100K_2", "images")
@@ -75,8 +77,6 @@ def crop_objects(vg_root: str | os.PathLike, out: str | os.PathLike, margin: flo
                  force: bool = False) -> dict:
     """Write the ImageFolder tree of ``vg_root``'s object boxes to ``out`` (see the module docstring); its manifest."""
     from PIL import Image
-
-    from data_modules.common import iter_json_array  # here: torch and lightning only when the tree is (re)made
 
     root, out = Path(vg_root), Path(out)
     objects_file = root / "objects.json"

@@ -21,16 +21,15 @@ from typing import Callable, Iterator, Literal, Protocol, Sequence, runtime_chec
 import numpy as np
 import torch
 
+from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.paths import cache_dir, resolve_path
 from grounding.training_images import image_keys, overlapping
 from grounding.utils.io import atomic_path, sha1_of_json
 
-from .common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
+from .base import GroundingDataModule
+from .collate import tokenize
+from .errors import (
     WORLD_HINT,
-    GroundingDataModule,
-    ImageDataset,
     MalformedDataError,
     check_images_exist,
     expect_keys,
@@ -40,8 +39,8 @@ from .common import (
     require_file,
     require_root,
     resolve,
-    tokenize,
 )
+from .images import ImageDataset
 from .vg_cleaning import CleanedVGLabelMapping
 
 log = logging.getLogger(__name__)

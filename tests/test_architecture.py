@@ -126,7 +126,7 @@ ALL_IMPORTS = [imp for module in SOURCES for imp in _imports(module)]
 
 
 def test_the_scan_sees_the_suite():
-    assert {"grounding.lightning", "data_modules.common", "grounding.vgbert.pretrain",
+    assert {"grounding.lightning", "data_modules.base", "grounding.vgbert.pretrain",
             "grounding.semclip.vlm"} <= set(SOURCES)
     assert any(i.importer == "grounding.vgbert.pretrain" and i.target == "grounding.lightning" for i in ALL_IMPORTS)
     assert layer("grounding.caption_retrieval") == 0 and layer("grounding.utils.io") == 0

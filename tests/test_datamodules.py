@@ -19,7 +19,8 @@ from data_modules import (
     VisualGenomeDataModule,
     VocabularyLabelMapping,
 )
-from data_modules.common import EpochSampler, iter_json_array
+from data_modules.captions import EpochSampler
+from data_modules.errors import iter_json_array
 
 TOK = "tiny-random"  # same WordPiece tokenizer as minilm, nothing to download
 SMALL = dict(text_encoder=TOK, image_size=32, resize_size=36, batch_size=3)
@@ -806,7 +807,7 @@ def test_trainer_epochs_sample_captions_reproducibly(tmp_path):
 
 
 def test_malformed_flickr_token_line_names_file_line_and_format(tmp_path):
-    from data_modules.common import MalformedDataError
+    from data_modules.errors import MalformedDataError
     from data_modules.flickr import read_token_file
 
     f = tmp_path / "Flickr8k.token.txt"

@@ -61,7 +61,7 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
 
 def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):
     """caption_images (a Flickr-style image list) keeps the training photos' captions, and keys the cache."""
-    from data_modules.common import MalformedDataError, MissingDataError
+    from data_modules.errors import MalformedDataError, MissingDataError
     from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))

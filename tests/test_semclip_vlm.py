@@ -8,13 +8,13 @@ from semclip_helpers import TINY_VLM, save_module, tiny_baseline_ckpt
 
 
 def _pixels(vlm, paths):
-    from data_modules.common import open_rgb
+    from data_modules.images import open_rgb
 
     return torch.stack([vlm.transform(open_rgb(p)) for p in paths])
 
 
 def test_dual_encoder_checkpoint_round_trip(tiny_world, tmp_path, monkeypatch):
-    from data_modules.common import tokenize
+    from data_modules.collate import tokenize
     from grounding.semclip.alignment import VLM
     from grounding.semclip.vlm import SuiteVLM, list_images, load_vlm
 
@@ -52,7 +52,7 @@ def test_dual_encoder_checkpoint_round_trip(tiny_world, tmp_path, monkeypatch):
 
 
 def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
-    from data_modules.common import tokenize
+    from data_modules.collate import tokenize
     from grounding.semclip.vlm import load_vlm
     from grounding.vgbert.search_heads import SearchHeads
 
@@ -72,7 +72,7 @@ def test_search_heads_checkpoint_uses_f_v_and_f_l(tiny_world, tmp_path):
 def test_vse_checkpoint_pools_its_regions(tiny_world, tmp_path, monkeypatch):
     """COMPOSER's VSE as a VLM: the same vectors as VSE's own encode_images over its grid regions (pixels, and
     cached maps up to float16) and encode_texts."""
-    from data_modules.common import tokenize
+    from data_modules.collate import tokenize
     from grounding.composer.baselines import VSE, VSETraining
     from grounding.semclip.vlm import load_vlm
 

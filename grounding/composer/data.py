@@ -1,6 +1,6 @@
 """COMPOSER's DataModule: any caption DataModule's splits, each with its Concept & Relation Graph.
 
-``captions`` (a :class:`data_modules.common.CaptionDataModule`: Flickr30K / Flickr8k / COCO / the
+``captions`` (a :class:`data_modules.base.CaptionDataModule`: Flickr30K / Flickr8k / COCO / the
 embedded world) reads the splits and their images; this module parses every split's captions into a
 CRG (cached parses, :func:`grounding.composer.build_concept_graph`), tokenizes templates and primitives
 once, and batches captions as :func:`grounding.composer.batch.composition_batch` structures. Its own
@@ -24,18 +24,12 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from data_modules.common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    CaptionDataModule,
-    CaptionDataset,
-    EpochSampler,
-    GroundingDataModule,
-    MalformedDataError,
-    MissingDataError,
-)
+from data_modules.base import CaptionDataModule, GroundingDataModule
+from data_modules.captions import CaptionDataset, EpochSampler
+from data_modules.errors import MalformedDataError, MissingDataError
 from data_modules.formats import load_json
 from data_modules.regions import BoxStore, RegionStore
+from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.paths import resolve_path
 
 from .batch import TokenTables, composition_batch

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 import yaml
 
-from data_modules.common import CaptionDataset, tokenize
+from data_modules.captions import CaptionDataset
+from data_modules.collate import tokenize
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, checkpoint_class, read_checkpoint
 from grounding.cli import build_stage, resolved_config

@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from data_modules.common import CaptionDataset, build_transform, open_rgb, tokenize
+from data_modules.captions import CaptionDataset
+from data_modules.collate import tokenize
+from data_modules.images import build_transform, open_rgb
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, read_checkpoint
 from grounding.composer.baselines import VSETraining

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import yaml
 
-from data_modules.common import build_transform, open_rgb
 from data_modules.image_folder import list_class_images
+from data_modules.images import build_transform, open_rgb
 from grounding.checkpoints import read_checkpoint, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit

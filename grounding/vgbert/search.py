@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from data_modules.common import build_transform
+from data_modules.images import build_transform
 from grounding.encoders import load_tokenizer
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import cache_dir
