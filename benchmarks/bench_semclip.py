@@ -27,8 +27,8 @@ import torch
 from data_modules.similarity_lists import SimilarityListCollator
 from data_modules.wordnet_lists import SimilarityLists, WordNetNounGraph
 from grounding.semclip.alignment import SemanticIndex
-from grounding.semclip.losses import multi_positive_contrastive_loss
 from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
+from grounding.semclip.ste_loss import multi_positive_contrastive_loss
 
 
 def bench_wup(n_pairs: int = 300):

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from official_vgbert_loss import official_match_map_loss  # noqa: E402
 
-from grounding.losses import cross_modal_contrastive_loss  # noqa: E402
+from grounding.contrastive import cross_modal_contrastive_loss  # noqa: E402
 from grounding.paths import resolve_path  # noqa: E402
 from grounding.utils.memory import fix_mmap_threshold  # noqa: E402
 from grounding.vgbert import GroundingPretrain, MatchMapGrounding  # noqa: E402

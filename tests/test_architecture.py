@@ -129,7 +129,7 @@ def test_the_scan_sees_the_suite():
     assert {"grounding.lightning", "data_modules.base", "grounding.vgbert.pretrain",
             "grounding.semclip.vlm"} <= set(SOURCES)
     assert any(i.importer == "grounding.vgbert.pretrain" and i.target == "grounding.lightning" for i in ALL_IMPORTS)
-    assert layer("grounding.caption_retrieval") == 0 and layer("grounding.utils.io") == 0
+    assert layer("grounding.retrieval_training") == 0 and layer("grounding.utils.io") == 0
     assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg") == 2
     assert layer("grounding.semclip.alignment_pairs") == 3 and layer("benchmarks.bench_vgbert") == 5
     assert layer("grounding.leaderboard.board") == 4 and layer("grounding.cli") == 4 and layer("grounding.sweep") == 4

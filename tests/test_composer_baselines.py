@@ -1,5 +1,5 @@
 """COMPOSER's VSE baseline (§5.2): the VSE++ hinge loss by hand, the network's pooling, a training step and the
-evaluation against grounding.retrieval on hand-made Concept & Relation Graphs."""
+evaluation against grounding.retrieval_metrics on hand-made Concept & Relation Graphs."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETrain
 from grounding.composer.batch import composition_batch
 from grounding.composer.data import SplitGraph
 from grounding.composer.evaluation import phrase_hits
-from grounding.composer.losses import same_height_partners
 from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, region_features
+from grounding.composer.objectives import same_height_partners
+from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import load_text_encoder, load_tokenizer
-from grounding.losses import vse_hinge_loss
-from grounding.retrieval import retrieval_metrics
+from grounding.retrieval_metrics import retrieval_metrics
 
 # rows: images, columns: captions; the diagonal holds the positives
 S = torch.tensor([[0.9, 0.5, 0.1],

@@ -13,8 +13,8 @@ from grounding.composer import ConceptGraph, extract_crg
 from grounding.composer.batch import PLACEHOLDER_TYPES, TokenTables, composition_batch
 from grounding.composer.data import held_out_pair_mask
 from grounding.composer.evaluation import composer_metrics, phrase_hits, score_captions
-from grounding.composer.losses import match_nll, mvsa_loss, order_loss, same_height_partners
 from grounding.composer.model import Composer, Modulator, compose_node_by_node, grid_regions
+from grounding.composer.objectives import match_nll, mvsa_loss, order_loss, same_height_partners
 from grounding.composer.training import ComposerTraining
 from grounding.encoders import load_tokenizer
 

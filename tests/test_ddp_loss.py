@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from grounding import distributed as gdist
-from grounding.losses import cross_modal_contrastive_loss
+from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.vgbert.match_map import match_map_scores
 
 SIZES = (3, 2)  # images per rank

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grounding.losses import cross_modal_contrastive_loss
+from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.precision import dot_similarity, full_precision
 from grounding.vgbert.match_map import match_map_scores
 from grounding.vgbert.relational import bilinear_scores, relation_loss

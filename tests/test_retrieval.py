@@ -1,4 +1,4 @@
-"""Retrieval metrics (grounding.retrieval) against hand-computed cases and torchmetrics."""
+"""Retrieval metrics (grounding.retrieval_metrics) against hand-computed cases and torchmetrics."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from grounding.retrieval import (
+from grounding.retrieval_metrics import (
     RetrievalScores,
     load_first_stage,
     place_reranked,

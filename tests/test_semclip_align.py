@@ -234,7 +234,7 @@ def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path
 
 def test_ties_are_broken_at_random_with_a_seed_not_by_index():
     """Eq. 7 gives images that share their nearest text the same vector: their order must not favour low ids."""
-    from grounding.retrieval import break_ties
+    from grounding.retrieval_metrics import break_ties
     from grounding.semclip.stability import ranked
 
     scores = torch.tensor([[0.5] * 8 + [0.9, 0.1]])  # 8 tied images between a clear best and a clear worst

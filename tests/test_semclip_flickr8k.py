@@ -44,7 +44,7 @@ def test_bootstrap_means_paired_clustered_and_seeded():
 
 
 def test_per_query_metrics_average_to_torchmetrics():
-    from grounding.retrieval import break_ties
+    from grounding.retrieval_metrics import break_ties
     from grounding.semclip.alignment import retrieval_scores
     from grounding.semclip.stability import per_query_retrieval, retrieval
 

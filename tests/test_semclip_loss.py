@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grounding.semclip.losses import multi_positive_contrastive_loss
+from grounding.semclip.ste_loss import multi_positive_contrastive_loss
 
 
 def test_four_word_vocabulary_by_hand():

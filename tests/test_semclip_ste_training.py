@@ -101,7 +101,7 @@ def _random_list_batch(generator, n_anchors=7, n_candidates=23, zero_weights=Tru
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("temperature", [0.05, 0.5])
 def test_list_form_equals_the_dense_loss(reduction, temperature):
-    from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
+    from grounding.semclip.ste_loss import list_contrastive_loss, multi_positive_contrastive_loss
 
     g = torch.Generator().manual_seed(int(temperature * 100) + len(reduction))
     batch, targets = _random_list_batch(g)
@@ -125,7 +125,7 @@ def test_list_form_equals_the_dense_loss(reduction, temperature):
 
 
 def test_list_form_gradcheck():
-    from grounding.semclip.losses import list_contrastive_loss
+    from grounding.semclip.ste_loss import list_contrastive_loss
 
     g = torch.Generator().manual_seed(3)
     batch, _ = _random_list_batch(g, n_anchors=3, n_candidates=6)
@@ -137,7 +137,7 @@ def test_list_form_gradcheck():
 
 
 def test_list_form_in_float32_matches_float64():
-    from grounding.semclip.losses import list_contrastive_loss, multi_positive_contrastive_loss
+    from grounding.semclip.ste_loss import list_contrastive_loss, multi_positive_contrastive_loss
 
     g = torch.Generator().manual_seed(5)
     batch, targets = _random_list_batch(g, n_anchors=40, n_candidates=300, zero_weights=False)
@@ -210,7 +210,7 @@ def test_training_step_equals_the_old_step():
 # The oneDNN GEMMs against torch's
 # ------------------------------------------------------------------------------------------
 def test_mm_nt_equals_torch_mm():
-    from grounding.semclip.losses import mm_nt
+    from grounding.semclip.ste_loss import mm_nt
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(37, 19, generator=g), torch.randn(23, 19, generator=g), torch.randn(23, generator=g)
@@ -224,7 +224,7 @@ def test_mm_nt_equals_torch_mm():
 
 
 def test_linear_relu_equals_nn_linear_relu():
-    from grounding.semclip.losses import linear_relu
+    from grounding.semclip.ste_loss import linear_relu
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(12, 9)

@@ -4,7 +4,7 @@ VSE (Kiros et al., 2014, re-implemented as the paper did): the caption y is the 
 last-layer word-piece embeddings (paper: 12-layer bert-base-uncased), the image x the mean over its regions
 of a residual MLP that maps each region feature into the joint space; s(x, y) = cos(x, y), trained with
 VSE++'s hinge ranking loss over the batch's hardest negatives (Faghri et al., 2018;
-:func:`grounding.losses.vse_hinge_loss`). The regions are COMPOSER's (:meth:`Composer.embed_regions`'s
+:func:`grounding.contrastive.vse_hinge_loss`). The regions are COMPOSER's (:meth:`Composer.embed_regions`'s
 sources: the frozen backbone's grid, RoI-aligned boxes or detector files), so the feature cache,
 :class:`grounding.composer.data.ComposerDataModule` and :func:`composer_metrics` serve both unchanged.
 
@@ -22,16 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import load_text_encoder
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.losses import vse_hinge_loss
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity, full_precision
-from grounding.retrieval import place_reranked, rerank_pairs
+from grounding.retrieval_metrics import place_reranked, rerank_pairs
 
 from .hard_negatives import HARD_NEGATIVE_MODES
-from .losses import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
 from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, expand_counts, region_backbone, region_features
+from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
 from .training import RegionRetrievalModule, four_way_negatives
 
 
@@ -376,7 +376,7 @@ class ViLBERTTraining(RegionRetrievalModule):
     @torch.no_grad()
     def reranked_scores(self, ids, mask, regions, region_mask, first: torch.Tensor) -> torch.Tensor:
         """(I, C): each caption cross-encoded with its top-``rerank_top_k`` images by ``first`` (I, C), which rank
-        above the others (:func:`grounding.retrieval.place_reranked`); ``eval_pair_chunk`` pairs at a time."""
+        above the others (:func:`grounding.retrieval_metrics.place_reranked`); ``eval_pair_chunk`` pairs at a time."""
         pair_image, pair_caption = rerank_pairs(first, self.rerank_top_k)
         text = self.net.encode_texts(ids, mask)
         out = regions.new_empty(len(pair_image))

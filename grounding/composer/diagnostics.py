@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from data_modules import FlickrDataModule
 from data_modules.synthetic import generate_world
 from grounding.lightning import scale_group_lrs
-from grounding.retrieval import retrieval_metrics
+from grounding.retrieval_metrics import retrieval_metrics
 
 from .data import ComposerDataModule, collate_visual
 from .model import Composer
@@ -63,7 +63,7 @@ def _train_captions(dm, n_images: int | None = None) -> dict:
 
 @torch.no_grad()
 def train_recall(module, dm, n_images: int | None = None) -> dict[str, float]:
-    """Retrieval metrics (``grounding.retrieval``) of the training captions of the first ``n_images`` training
+    """Retrieval metrics (``grounding.retrieval_metrics``) of the training captions of the first ``n_images`` training
     images (all: None) against those images, scored by the module's own evaluation."""
     was = module.training
     module.eval()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grounding.retrieval import DEFAULT_KS, rerank_pairs, retrieval_metrics, subset_t2i_recalls
+from grounding.retrieval_metrics import DEFAULT_KS, rerank_pairs, retrieval_metrics, subset_t2i_recalls
 
 from .model import Composer, expand_counts
 

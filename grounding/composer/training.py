@@ -18,13 +18,13 @@ from lightning.pytorch import Callback
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.paths import resolve_path
-from grounding.retrieval import RetrievalScores, load_first_stage, retrieval_metrics
+from grounding.retrieval_metrics import RetrievalScores, load_first_stage, retrieval_metrics
 
 from .diagnostics import train_recall
 from .evaluation import composer_metrics, phrase_hits, primitive_first_stage, score_captions
 from .hard_negatives import HARD_NEGATIVE_MODES
-from .losses import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
 from .model import Composer, expand_counts
+from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
 
 HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
@@ -38,7 +38,7 @@ class RegionRetrievalModule(GroundingModule):
     ``region_source``, ``placeholder_base`` and ``embed_regions``.
 
     ``first_stage_scores`` (test only): another model's scores of the same test split
-    (:func:`grounding.retrieval.save_first_stage`; the leaderboard writes them for a row's ``first_stage``); a
+    (:func:`grounding.retrieval_metrics.save_first_stage`; the leaderboard writes them for a row's ``first_stage``); a
     cross-encoder with ``rerank_top_k`` then scores only each caption's top-K images by it, and the first stage's
     recall@K, the rerank's ceiling, is logged as ``test/first_stage/t2i_r{K}``.
     """

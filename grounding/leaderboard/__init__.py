@@ -3,7 +3,7 @@
 Every model is tested on the same test set with the same metric code: each LightningModule through its own
 ``python -m grounding test`` loop (:func:`grounding.cli.run_test_subcommand`) with its DataModule pointed at the
 leaderboard's caption data, its score matrix read back (``module.scored["test"]``) and ranked by
-:func:`grounding.retrieval.retrieval_metrics`; SemCLIP through its content store on top of its VLM. See
+:func:`grounding.retrieval_metrics.retrieval_metrics`; SemCLIP through its content store on top of its VLM. See
 :mod:`grounding.leaderboard.board` and docs/leaderboard.md.
 """
 

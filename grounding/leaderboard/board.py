@@ -31,13 +31,13 @@ A LightningModule's row: ``python -m grounding test --config <config> --ckpt_pat
 test set's caption DataModule as the stage's ``data`` (VG-BERT's caption stages) or as COMPOSER's
 ``data.init_args.captions`` (COMPOSER and its baselines), so every model reads the same images and captions; its
 batch sizes and the linked text/image settings stay the stage's. Recalls come from the score matrix the module
-kept (``module.scored["test"]``) through :func:`grounding.retrieval.retrieval_metrics`, the function the stage's
+kept (``module.scored["test"]``) through :func:`grounding.retrieval_metrics.retrieval_metrics`, the function the stage's
 own ``test`` logs with, and are checked against what it logged. Compositional R@1: text->image R@1 of the test
 captions naming one of the world's held-out attribute–object pairs, or, with ``compositional_split``, of a second
 test run on that split (an MCD split of real data). SemCLIP's row: its content store (the test set's training
 captions as the text bank, the test images ingested by Eq. 7, each test caption a query) on its VLM.
 
-Columns: the recalls and rsum with its 95 % bootstrap interval (:func:`grounding.retrieval.rsum_interval`: test
+Columns: the recalls and rsum with its 95 % bootstrap interval (:func:`grounding.retrieval_metrics.rsum_interval`: test
 images resampled with their captions), the median ranks, the rerank's ceiling for a cross-encoder that reranks a
 first stage's top K (``first_stage/t2i_r{K}``, logged by its test loop), compositional R@1, training time and
 epochs (``fit_record.json`` of the model's run folders, summed), parameters (all, and trainable when trained by
@@ -70,7 +70,7 @@ from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
 from grounding.nets import class_of
 from grounding.paths import resolve_path
-from grounding.retrieval import RetrievalScores, retrieval_metrics, rsum_interval, save_first_stage, subset_t2i_recalls
+from grounding.retrieval_metrics import RetrievalScores, retrieval_metrics, rsum_interval, save_first_stage, subset_t2i_recalls
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
@@ -420,7 +420,7 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
                    compositional_reference: Reference | None = None, first_stage: dict | None = None,
                    ) -> tuple[dict, dict]:
     """A suite LightningModule's row: its own test loop on the test set (and on the compositional split), reranking
-    ``first_stage`` ({"test": file, "comp": file} of :func:`grounding.retrieval.save_first_stage`) when given.
+    ``first_stage`` ({"test": file, "comp": file} of :func:`grounding.retrieval_metrics.save_first_stage`) when given.
     Returns the row and the score matrices it tested with their caption texts ({"test": ..., "comp": ...})."""
     try:
         cfg = resolved_config(entry.config)

@@ -6,7 +6,7 @@ so that DataModule lives here rather than in ``data_modules``). The WordNet simi
 the STE trains on are data: ``data_modules.wordnet_lists`` and ``data_modules.SimilarityListsDataModule``.
 """
 
-from grounding.semclip.losses import multi_positive_contrastive_loss
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding, STEEncoder, export_ste
+from grounding.semclip.ste_loss import multi_positive_contrastive_loss
 
 __all__ = ["multi_positive_contrastive_loss", "STEEmbedding", "STEEncoder", "SemanticTextEmbedding", "export_ste"]

@@ -29,7 +29,7 @@ from grounding.errors import MissingInputError
 from grounding.lexicon import load_spacy, wordnet
 from grounding.nets import RecordedNet, net_hparams
 from grounding.paths import cache_dir
-from grounding.retrieval import break_ties
+from grounding.retrieval_metrics import break_ties
 from grounding.semclip.evaluation import TextEncoderEmbedder, cached_encode
 from grounding.semclip.ste import STEEmbedding
 from grounding.utils.io import atomic_path

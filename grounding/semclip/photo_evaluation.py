@@ -566,7 +566,7 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
     u = table[f"overlap@{ks[0]}"][systems[0]]
     lines += ["", f"{u['units']} (noun, synonym) pairs of {u['queries']} nouns; the bootstrap resamples nouns (each with "
                   "all its pairs). Ties (SemCLIP photos sharing their nearest bank text share a vector, Eq. 7) are broken "
-                  "at random with a fixed seed (grounding.retrieval.break_ties), never by photo order.", "",
+                  "at random with a fixed seed (grounding.retrieval_metrics.break_ties), never by photo order.", "",
               "## Table 4: retrieval with synonym-augmented relevance (@10)", "",
               "| System | t2i NDCG@10 | t2i mAP | t2i R@10 | i2t NDCG@10 | i2t mAP | i2t R@10 |", "|---|---|---|---|---|---|---|"]
     rows4 = [f"{d} {m}" for d in ("t2i", "i2t") for m in METRICS]

@@ -28,7 +28,7 @@ import torch
 from scipy import stats
 
 from grounding.errors import MissingInputError
-from grounding.retrieval import break_ties
+from grounding.retrieval_metrics import break_ties
 from grounding.semclip.alignment import overlap_at_k, recovery_error
 from grounding.semclip.store import SemCLIPStore
 from grounding.utils.io import atomic_path
@@ -85,7 +85,7 @@ def world_images(world: str | Path, splits: Sequence[str] = ("val", "test")) -> 
 
 
 def ranked(scores: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
-    """Top-k ids per row, ties broken at random with a fixed seed (grounding.retrieval.break_ties)."""
+    """Top-k ids per row, ties broken at random with a fixed seed (grounding.retrieval_metrics.break_ties)."""
     return break_ties(scores, seed).topk(k, dim=-1).indices
 
 
@@ -331,7 +331,7 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
     lines += ["", "t2i: one query per object word or synonym with at least one relevant image (R@10 is bounded by "
                   "10 / the number of relevant images); i2t: each image ranks the noun queries, relevant = the words "
                   "(any synonym) naming a kind it contains. Ties (SemCLIP images sharing their nearest text share a "
-                  "vector) are broken at random with a fixed seed in both tables (grounding.retrieval.break_ties), "
+                  "vector) are broken at random with a fixed seed in both tables (grounding.retrieval_metrics.break_ties), "
                   "never by image order."]
     distinct = {m: r["distinct_image_vectors"] for m, r in methods.items() if "distinct_image_vectors" in r}
     if distinct:

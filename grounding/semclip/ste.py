@@ -6,7 +6,7 @@ The embedding layer is a sparse ``nn.Embedding`` updated by :class:`RowSparseAda
 update on only the rows a batch touches), with the configured optimizer (Adam 1e-3) for the dense
 layers: a full-vocabulary epoch then costs the rows it uses, not |V| x d optimizer updates per step.
 A training step gathers the batch's candidate rows once, runs Eq. 3 in list form
-(:func:`~grounding.semclip.losses.list_contrastive_loss`) and hands the rows' gradient to the
+(:func:`~grounding.semclip.ste_loss.list_contrastive_loss`) and hands the rows' gradient to the
 optimizer as it is (the candidates are unique: no sparse autograd, no coalescing). A sparse row is updated only
 when its lemma is in a batch (about 1 + list size times an epoch, against every step for a dense
 Adam whose momentum keeps moving it), so ``embedding_lr`` (default 10x the dense lr) restores the
@@ -29,7 +29,7 @@ from data_modules.wordnet_lists import lemma_surface
 from grounding.errors import MissingInputError
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable
 from grounding.nets import RecordedNet
-from grounding.semclip.losses import linear_relu, list_contrastive_loss, mm_nt, multi_positive_contrastive_loss
+from grounding.semclip.ste_loss import linear_relu, list_contrastive_loss, mm_nt, multi_positive_contrastive_loss
 from grounding.utils.io import atomic_path
 
 
@@ -96,7 +96,7 @@ class STEEncoder(RecordedNet):
         self.projection = nn.Sequential(nn.Linear(encoding_size, projection_size or encoding_size), nn.ReLU())
 
     # the layers are nn.Sequential(Linear, ReLU) (checkpoint keys encoder.0.*, projection.0.*), run as one
-    # fused Linear+ReLU each (grounding.semclip.losses.linear_relu: oneDNN GEMMs, same values)
+    # fused Linear+ReLU each (grounding.semclip.ste_loss.linear_relu: oneDNN GEMMs, same values)
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
         return linear_relu(self.embedding(ids), self.encoder[0])
 

@@ -2,7 +2,7 @@
 
 Each modality is pooled to one vector (visual: mean over locations; text: mean over real words or
 the [CLS] token), linearly projected, L2-normalised and compared by a dot product; the loss is the
-symmetric InfoNCE from :func:`grounding.losses.cross_modal_contrastive_loss` (the same code as the
+symmetric InfoNCE from :func:`grounding.contrastive.cross_modal_contrastive_loss` (the same code as the
 match-map model, ``combine="mean"``) with a fixed or learnable temperature.
 """
 
@@ -14,11 +14,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from grounding.caption_retrieval import CaptionRetrievalModule
+from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity
+from grounding.retrieval_training import CaptionRetrievalModule
 from grounding.vgbert.streams import LanguageStream, VisualStream
 
 

@@ -21,11 +21,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from grounding.caption_retrieval import CaptionRetrievalModule
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
+from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import RecordedNet, net_hparams
+from grounding.retrieval_training import CaptionRetrievalModule
 from grounding.vgbert.match_map import REDUCTIONS, chunked_match_scores, match_map_scores
 from grounding.vgbert.streams import LanguageStream, VisualStream, special_token_ids, word_mask
 

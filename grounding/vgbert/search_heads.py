@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from grounding import distributed as gdist
-from grounding.caption_retrieval import drop_sampler_repeats, flat_caption_order
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
+from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.losses import cross_modal_contrastive_loss
 from grounding.nets import net_hparams
 from grounding.precision import dot_similarity
-from grounding.retrieval import RetrievalScores, retrieval_metrics
+from grounding.retrieval_metrics import RetrievalScores, retrieval_metrics
+from grounding.retrieval_training import drop_sampler_repeats, flat_caption_order
 from grounding.vgbert.relational import VGBertRelational
 
 # Stage-2 hyperparameters that define the frozen model's architecture.

@@ -202,7 +202,7 @@ def load_first_stage(path, n_images: int, captions: list[str]) -> torch.Tensor:
         scores = saved["scores"]
     except (OSError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
         raise FirstStageError(f"first_stage_scores {path}: not a first-stage score file ({' '.join(str(e).split())[:120]}); "
-                         "write one with grounding.retrieval.save_first_stage (the leaderboard does)") from None
+                         "write one with grounding.retrieval_metrics.save_first_stage (the leaderboard does)") from None
     if tuple(scores.shape) != (n_images, len(captions)) or saved.get("captions_sha1") != sha1_of_json(list(captions)):
         raise FirstStageError(f"first_stage_scores {path}: scores of {tuple(scores.shape)} (images, captions) from "
                          f"{saved.get('source', '?')}, not of this test split's ({n_images}, {len(captions)}) images "

@@ -1,6 +1,6 @@
 """The shared wiring of caption-retrieval training stages (VG-BERT stage 1, the dual-encoder baseline,
 and any later dual or match-map retrieval model): gathered in-batch negatives, evaluation outputs
-accumulated over the split and scored by :func:`grounding.retrieval.retrieval_metrics` once per epoch,
+accumulated over the split and scored by :func:`grounding.retrieval_metrics.retrieval_metrics` once per epoch,
 repeats of the distributed sampler removed, and the frozen CNN named for the feature-cache callback.
 """
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from grounding import distributed as gdist
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.retrieval import RetrievalScores, retrieval_metrics
+from grounding.retrieval_metrics import RetrievalScores, retrieval_metrics
 
 
 class CaptionRetrievalModule(GroundingModule):
