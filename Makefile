@@ -152,6 +152,7 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 	$(PY) benchmarks/bench_text_stream.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
+	$(PY) benchmarks/bench_cross_encoder_train.py
 	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 

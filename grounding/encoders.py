@@ -147,6 +147,26 @@ def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask
     return padded(x).view(b, t, -1)
 
 
+PACKED_TOKENS = (True, False, "auto")
+
+
+def check_packed_tokens(value) -> bool | str:
+    """A ``packed_tokens`` switch's value, refused unless true, false or ``"auto"``."""
+    if value not in PACKED_TOKENS:
+        raise ValueError(f"packed_tokens must be true, false or 'auto'; got {value!r}")
+    return value
+
+
+def bert_hidden_states(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       packed_tokens: bool | str = False) -> torch.Tensor:
+    """BERT's last hidden state (B,T,d): on the real tokens only (:func:`packed_bert_forward`) when ``packed_tokens``
+    is true, or ``"auto"`` and no lower-precision autocast is on (there the step is launch-bound and packing
+    loses: benchmarks/bench_text_stream.py); else the library's padded forward."""
+    if packed_tokens is True or (packed_tokens == "auto" and not torch.is_autocast_enabled(input_ids.device.type)):
+        return packed_bert_forward(bert, input_ids, attention_mask)
+    return bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 # --------------------------------------------------------------------------------------------
 # Vision
 # --------------------------------------------------------------------------------------------

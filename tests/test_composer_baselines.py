@@ -274,6 +274,24 @@ def test_vilbert_scores_pairs_and_v_cls():
                           s, atol=1e-5)
 
 
+def test_vilbert_packed_text_encoder_gives_the_same_scores_and_gradients():
+    tok = load_tokenizer("tiny-random")
+    enc = tok(["a dog", "two red cats on the green grass"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for packed in (False, True):
+        net = tiny_vilbert(packed_tokens=packed, text_pooling="mean")  # eval: no dropout
+        regions, region_mask = net.embed_regions(images)
+        s = net(regions, region_mask, ids, mask, torch.tensor([0, 1, 2, 0]), torch.tensor([0, 0, 1, 1]))
+        s.sum().backward()
+        out[packed] = s.detach(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    assert out[True][1].keys() == out[False][1].keys()
+    for name, grad in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_vilbert_four_way_loss_and_mvsa_backpropagate():
     graph, tables, _ = tiny_graph()
     batch = _train_batch(graph, tables, [0, 1, 2])

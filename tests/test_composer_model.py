@@ -190,6 +190,29 @@ def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_firs
     torch.testing.assert_close(s, net.score(reference[ptr[:-1] + b["caption_root"][pair_caption]]))
 
 
+def test_packed_predicate_transformer_gives_the_same_concepts_and_gradients():
+    """``packed_tokens``: the PT on real word pieces only (templates and, with ``primitive_queries: encoder``, the
+    primitives), the same concept table and the same gradients as the padded PT."""
+    graph, tables, _ = tiny_graph(failed=True)
+    b = composition_batch(graph, tables, [0, 1, 2, 3])
+    assert not b["template_mask"].all()  # there is padding to skip
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    pair_image, pair_caption = torch.tensor([0, 1, 2, 2, 0, 1, 0]), torch.tensor([0, 1, 2, 0, 2, 3, 1])
+    out = {}
+    for packed in (False, True):
+        net = tiny_net(packed_tokens=packed, readout="mean", child_skip=True, primitive_queries="encoder")  # eval: no dropout
+        regions, mask = net.embed_regions(images)
+        table, _ = net.compose(b, regions, mask, pair_image, pair_caption)
+        net.score(table).sum().backward()
+        out[packed] = table.detach(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    assert out[True][1].keys() == out[False][1].keys()
+    for name, grad in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="packed_tokens"):
+        tiny_net(packed_tokens="yes")
+
+
 def test_text_is_composed_with_the_image():
     graph, tables, _ = tiny_graph()
     net = tiny_net()

@@ -74,13 +74,13 @@ def test_packed_forward_refuses_relative_positions():
 
 def test_auto_packs_unless_autocast_lowers_precision(monkeypatch):
     calls = []
-    import grounding.vgbert.streams as streams
+    import grounding.encoders as encoders
 
     def spy(bert, ids, mask):
         calls.append(True)
         return bert(input_ids=ids, attention_mask=mask).last_hidden_state
 
-    monkeypatch.setattr(streams, "packed_bert_forward", spy)
+    monkeypatch.setattr(encoders, "packed_bert_forward", spy)  # the one selector: grounding.encoders.bert_hidden_states
     stream = LanguageStream("tiny-random", trainable_layers=1, packed_tokens="auto").eval()
     ids, mask = _batch()
     stream(ids, mask)

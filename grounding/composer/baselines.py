@@ -18,12 +18,14 @@ CRG concepts, each concept's text run through the cross-encoder with the image.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from grounding.contrastive import vse_hinge_loss
-from grounding.encoders import load_text_encoder
+from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity, full_precision
@@ -184,15 +186,19 @@ class ViLBERT(RecordedNet):
     image layers and co-attention blocks (paper: post-LN, as BERT; the pretrained text layers stay post-LN).
     ``text_pooling``: ``cls`` (ViLBERT's h_[CLS]) or ``mean`` over the text tokens, for a text encoder whose [CLS] was
     never trained (a sentence-transformers model such as the offline MiniLM, trained with mean pooling: its [CLS]
-    output hardly varies between captions, and a world run with ``cls`` stayed at chance).
+    output hardly varies between captions, and a world run with ``cls`` stayed at chance). ``packed_tokens``: the
+    lower text layers on the real tokens only, as COMPOSER's Predicate Transformer
+    (:func:`grounding.encoders.bert_hidden_states`).
     """
 
     def __init__(self, text_encoder: str = "minilm", text_layers: int | None = None, region_source: str = "grid",
                  backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
                  image_size: int = 224, image_layers: int = 6, coattention_layers: int = 6, image_dim: int = 1024,
                  image_heads: int = 8, image_ffn_dim: int = 1024, co_dim: int = 1024, co_heads: int = 8,
-                 norm_first: bool = False, text_pooling: str = "cls", dropout: float = 0.1):
+                 norm_first: bool = False, text_pooling: str = "cls", dropout: float = 0.1,
+                 packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
+        self.packed_tokens = check_packed_tokens(packed_tokens)
         if text_pooling not in TEXT_POOLINGS:
             raise ValueError(f"text_pooling must be one of {TEXT_POOLINGS}; got {text_pooling!r}")
         self.region_source = region_source
@@ -243,7 +249,7 @@ class ViLBERT(RecordedNet):
 
     def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The lower text layers (image-independent: once per text, reused by every image)."""
-        return self.text_encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        return bert_hidden_states(self.text_encoder, ids, mask.long(), self.packed_tokens)
 
     def cross(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
               ) -> torch.Tensor:

@@ -8,12 +8,14 @@ flat table, rows ``pair_node_ptr[p] + local node`` (node order of :mod:`groundin
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
-from grounding.encoders import load_text_encoder, load_visual_backbone
+from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, load_visual_backbone
 from grounding.nets import RecordedNet
 
 from .batch import PLACEHOLDER_TYPES
@@ -324,7 +326,9 @@ class Composer(RecordedNet):
     sentence encoder places synonyms near each other, its input embeddings need not). ``child_skip`` (beyond the
     paper): a parent concept is the CT's readout plus the mean of its modulated children, a residual path along
     the tree; without it a leaf's content reaches the root only through every level's CT, diluted among each
-    template's tokens (a noun is one of ~7 tokens at each level).
+    template's tokens (a noun is one of ~7 tokens at each level). ``packed_tokens``: the Predicate Transformer's
+    token-wise steps on the real word pieces only (:func:`grounding.encoders.bert_hidden_states`; same values; a
+    batch's templates are about half padding on Flickr8k); ``auto`` packs unless lower-precision autocast is on.
     ``region_source``: ``grid`` (the frozen ``backbone``'s
     map, one region per cell; the offline default), ``files`` (detector features of ``region_dim``
     read by the DataModule) or ``boxes`` (RoI-aligned backbone features over given boxes).
@@ -337,8 +341,9 @@ class Composer(RecordedNet):
                  co_heads: int = 8, ffn_dim: int | None = None, dim: int | None = None, norm_first: bool = False,
                  dropout: float = 0.1, readout: str = "cls", placeholder_init: str = "distinct",
                  film_identity_init: bool = True, modulator_skip: bool = False, primitive_queries: str = "embeddings",
-                 child_skip: bool = False):
+                 child_skip: bool = False, packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
+        self.packed_tokens = check_packed_tokens(packed_tokens)
         if region_source not in REGION_SOURCES:
             raise ValueError(f"region_source must be one of {REGION_SOURCES}; got {region_source!r}")
         if primitive_queries not in PRIMITIVE_QUERIES:
@@ -390,12 +395,12 @@ class Composer(RecordedNet):
         pieces (``encoder``)."""
         if self.primitive_queries == "encoder":
             mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
-            return self.text_proj(self.predicate_transformer(input_ids=ids, attention_mask=mask.long()).last_hidden_state)
+            return self.text_proj(bert_hidden_states(self.predicate_transformer, ids, mask.long(), self.packed_tokens))
         return self.text_proj(self.predicate_transformer.embeddings(input_ids=ids))
 
     def encode_predicates(self, template_ids: torch.Tensor, template_mask: torch.Tensor) -> torch.Tensor:
         """ê for every template of the batch (image-independent: once per predicate, reused by every pair)."""
-        out = self.predicate_transformer(input_ids=template_ids, attention_mask=template_mask.long()).last_hidden_state
+        out = bert_hidden_states(self.predicate_transformer, template_ids, template_mask.long(), self.packed_tokens)
         return self.text_proj(out)
 
     def score(self, v: torch.Tensor) -> torch.Tensor:

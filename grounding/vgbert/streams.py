@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.encoders import load_text_encoder, load_tokenizer, load_visual_backbone, packed_bert_forward
+from grounding.encoders import (
+    bert_hidden_states,
+    check_packed_tokens,
+    load_text_encoder,
+    load_tokenizer,
+    load_visual_backbone,
+)
 
 
 def check_heads(width: int, num_heads: int, where: str) -> None:
@@ -171,9 +177,7 @@ class LanguageStream(nn.Module):
             trainable_layers = n
         self.trainable_layers = trainable_layers
         self.freeze_query_key = freeze_query_key
-        if packed_tokens not in (True, False, "auto"):
-            raise ValueError(f"packed_tokens must be true, false or 'auto'; got {packed_tokens!r}")
-        self.packed_tokens = packed_tokens
+        self.packed_tokens = check_packed_tokens(packed_tokens)
         self.bert.requires_grad_(False)
         for layer in layers[n - trainable_layers:] if trainable_layers else []:
             layer.requires_grad_(True)
@@ -191,10 +195,7 @@ class LanguageStream(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Token ids (B,T) + mask -> contextual word representations L (B,T,d)."""
-        if self.packed_tokens is True or (self.packed_tokens == "auto"
-                                          and not torch.is_autocast_enabled(input_ids.device.type)):
-            return packed_bert_forward(self.bert, input_ids, attention_mask)
-        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return bert_hidden_states(self.bert, input_ids, attention_mask, self.packed_tokens)
 
 
 def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: tuple[int, ...] = ()) -> torch.Tensor:

@@ -1,0 +1,212 @@
+"""Where a cross-encoder's training step spends its time: COMPOSER against ViLBERT-style on one schedule.
+
+    python benchmarks/bench_cross_encoder_train.py [--configs A.yaml B.yaml] [--steps 20] [--warmup 3]
+        [--train-photos 6000]
+
+Each config's model and DataModule are built as ``python -m grounding fit`` builds them (``grounding.cli.build_stage``,
+the frozen backbone's feature cache included) and trained for ``warmup + steps`` optimizer steps by Lightning in a
+temporary folder, both models in one process, one after the other. Timed per step (after the warm-up): the forward
+of each part of the network (a forward hook on every direct child of ``net``: the Predicate Transformer, the primitive
+encoder, the modulator, the Composition Transformer, ...; the pretrained BERT layers wherever they run, padded or
+on real tokens only, as one part; what none of these runs, indexing, embedding look-ups and the losses, is "rest of
+the forward"), the backward, the optimizer update and the wait for the next batch (means over the timed steps). The last
+columns extrapolate the config's own schedule (its ``max_epochs``, every caption every epoch) to ``--train-photos``
+training photos at this step time: the paper-schedule training time on all of Flickr8k on this machine. Each config
+runs with its text encoder padded and on real tokens only (``packed_tokens``; ``--packed``), one fit after the other
+(so their ratio moves with the machine's load); then COMPOSER's Predicate Transformer alone on the same templates,
+padded against real tokens only, interleaved (a ratio that holds under load).
+
+Defaults: the 753-photo Flickr8k configs of COMPOSER and ViLBERT-style when ``../shared/data/flickr8k`` is there,
+else their world configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+
+from lightning.pytorch import Callback
+from torch import nn
+
+from grounding import encoders
+from grounding.cli import build_stage
+from grounding.paths import resolve_path
+
+FLICKR8K = ["experiments/composer/composer_flickr8k.yaml", "experiments/composer/vilbert_flickr8k.yaml"]
+WORLD = ["experiments/composer/composer_world.yaml", "experiments/composer/vilbert_world.yaml"]
+
+
+class StepTimer(Callback):
+    """Wall time of each training step's phases, and of every direct child of ``net`` in the forward."""
+
+    def __init__(self, net, warmup: int):
+        self.warmup = warmup
+        self.parts: dict[str, list[float]] = defaultdict(list)
+        self.phases: dict[str, list[float]] = defaultdict(list)
+        self._part_time: dict[str, float] = defaultdict(float)
+        self._open: dict[str, float] = {}
+        self._marks: dict[str, float] = {}
+        for name, child in net.named_children():
+            if hasattr(child, "embeddings") and hasattr(child, "encoder"):
+                continue  # a BERT: timed in grounding.encoders.bert_hidden_states (packed or padded), see below
+            # a list of layers has no forward of its own: its layers count under its name
+            members = list(child.children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child]
+            for member in members:
+                member.register_forward_pre_hook(self._enter(name))
+                member.register_forward_hook(self._leave(name))
+
+    @contextmanager
+    def timing_text_encoders(self):
+        """Every call of ``bert_hidden_states`` (where the networks run their pretrained BERT layers, on real tokens
+        only or padded) timed as one part, in every module that imported it."""
+        original = encoders.bert_hidden_states
+        name = "text encoder (BERT layers)"
+
+        def timed(*args, **kwargs):
+            self._enter(name)(None, None)
+            out = original(*args, **kwargs)
+            self._leave(name)(None, None, None)
+            return out
+
+        users = [m for m in list(sys.modules.values()) if getattr(m, "bert_hidden_states", None) is original]
+        for module in users:
+            module.bert_hidden_states = timed
+        try:
+            yield
+        finally:
+            for module in users:
+                module.bert_hidden_states = original
+
+    def _enter(self, name):
+        def hook(module, args):
+            self._open[name] = time.perf_counter()
+        return hook
+
+    def _leave(self, name):
+        def hook(module, args, output):
+            self._part_time[name] += time.perf_counter() - self._open.pop(name)
+        return hook
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        now = time.perf_counter()
+        if "end" in self._marks:
+            self._record("wait for the batch", now - self._marks["end"])
+        self._marks = {"start": now}
+        self._part_time.clear()
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self._marks["forward"] = time.perf_counter()
+
+    def on_after_backward(self, trainer, pl_module):
+        self._marks["backward"] = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        m = self._marks
+        m["end"] = time.perf_counter()
+        if trainer.global_step <= self.warmup:
+            return
+        forward = m["forward"] - m["start"]
+        self._record("forward", forward)
+        self._record("backward", m["backward"] - m["forward"])
+        self._record("optimizer update", m["end"] - m["backward"])
+        self._record("step", m["end"] - m["start"])
+        for name, sec in self._part_time.items():
+            self.parts[name].append(sec)
+        self.parts["rest of the forward"].append(forward - sum(self._part_time.values()))
+
+    def _record(self, phase: str, sec: float) -> None:
+        self.phases[phase].append(sec)
+
+
+def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [{"trainer": {"max_steps": warmup + steps, "limit_val_batches": 0, "num_sanity_val_steps": 0}},
+                     {"model": {"init_args": {"net": {"init_args": {"packed_tokens": packed}}}}}]
+        cli = build_stage(resolve_path(config), overrides, workdir=tmp)
+        model, dm, trainer = cli.model, cli.datamodule, cli.trainer
+        timer = StepTimer(model.net, warmup)
+        trainer.callbacks.append(timer)
+        max_epochs = int(cli.config.get("trainer", {}).get("max_epochs") or 1)
+        with timer.timing_text_encoders():
+            trainer.fit(model, dm)
+        steps_per_epoch = len(dm.train_dataloader())
+        photos = len(dm.train_dataset)
+    # means, so the phases add up to the step and the parts to the forward
+    step = statistics.mean(timer.phases["step"])
+    label = f"{Path(config).name}, packed_tokens {str(packed).lower()}"
+    return {"config": config, "label": label, "step": step, "phases": {k: statistics.mean(v) for k, v in timer.phases.items()},
+            "parts": {k: statistics.mean(v) for k, v in timer.parts.items()}, "steps_per_epoch": steps_per_epoch,
+            "photos": photos, "max_epochs": max_epochs, "params": sum(p.numel() for p in model.net.parameters()),
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+
+
+def predicate_transformer_ab(config: str, n_batches: int = 6, repeats: int = 4) -> dict[bool, float]:
+    """COMPOSER's Predicate Transformer alone, forward + backward over the templates of ``n_batches`` training
+    batches, padded and on real tokens only, interleaved ``repeats`` times (the first pair untimed): a ratio that
+    holds on a loaded machine, where two whole fits one after the other do not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        batch_negatives = {"init_args": {"hard_negatives": "batch"}}  # the pool needs a Trainer; same templates
+        cli = build_stage(resolve_path(config), [{"data": batch_negatives, "model": batch_negatives}], workdir=tmp)
+        dm = cli.datamodule
+        dm.setup("fit")
+        batches = [(b["template_ids"], b["template_mask"].long()) for b in islice(dm.train_dataloader(), n_batches)]
+    pt = cli.model.net.predicate_transformer.train()
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats + 1):
+        for packed in (False, True):
+            start = time.perf_counter()
+            for ids, mask in batches:
+                pt.zero_grad(set_to_none=True)
+                encoders.bert_hidden_states(pt, ids, mask, packed).sum().backward()
+            times[packed].append(time.perf_counter() - start)
+    padding = 1 - sum(float(m.float().mean()) for _, m in batches) / len(batches)
+    return {"padding": padding, **{k: statistics.median(v[1:]) for k, v in times.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=None, help="cross-encoder configs (default: see above)")
+    ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps per model")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--train-photos", type=int, default=6000, help="photos to extrapolate the schedule to")
+    ap.add_argument("--packed", choices=("both", "true", "false"), default="both",
+                    help="the text encoder on real tokens only (packed_tokens), padded, or both side by side")
+    args = ap.parse_args()
+    configs = args.configs or (FLICKR8K if resolve_path("../shared/data/flickr8k").is_dir() else WORLD)
+    packed = {"both": (False, True), "true": (True,), "false": (False,)}[args.packed]
+    results = [profile(c, args.steps, args.warmup, p) for c in configs for p in packed]
+    print(f"\ntraining steps through trainer.fit, mean seconds a step over {args.steps} after {args.warmup} untimed")
+    for r in results:
+        scale = args.train_photos / r["photos"]
+        hours = r["step"] * r["steps_per_epoch"] * scale * r["max_epochs"] / 3600
+        print(f"\n{r['label']}: {r['step']:.3f} s/step; {r['steps_per_epoch']} steps an epoch on "
+              f"{r['photos']} photos, {r['max_epochs']} epochs -> {hours:.1f} h for {args.train_photos} photos "
+              f"at this rate; {r['params'] / 1e6:.1f} M parameters, {r['trainable'] / 1e6:.1f} M trained")
+        for phase in ("forward", "backward", "optimizer update", "wait for the batch"):
+            sec = r["phases"].get(phase, 0.0)
+            print(f"  {phase:22s} {sec:7.3f} s  {100 * sec / r['step']:5.1f} %")
+        forward = r["phases"]["forward"]
+        for name, sec in sorted(r["parts"].items(), key=lambda kv: -kv[1]):
+            print(f"    forward: {name:28s} {sec:7.3f} s  {100 * sec / forward:5.1f} % of the forward")
+    composer = next((c for c in configs if "composer_" in Path(c).name), None)
+    if composer is not None:
+        ab = predicate_transformer_ab(composer)
+        print(f"\nCOMPOSER's Predicate Transformer, fwd + bwd over 6 batches of templates ({100 * ab['padding']:.0f} % "
+              f"padding), interleaved: padded {ab[False]:.2f} s, real tokens only {ab[True]:.2f} s: "
+              f"{ab[True] / ab[False]:.2f}x")
+    print()
+    for a in results:
+        print("step time / the first row's: " + f"{a['step'] / results[0]['step']:.2f}x  {a['label']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
