@@ -284,6 +284,25 @@ def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, 
         load_leaderboard(tmp_path / "bad.yaml")
 
 
+def test_a_seed_whose_fit_stopped_early_is_not_counted(tmp_path):
+    from grounding.leaderboard.board import ModelEntry, fit_progress
+
+    runs = {}
+    for name, epochs in (("done", 3), ("stopped", 1), ("unrecorded", None)):
+        run = tmp_path / name
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "best-epoch000.ckpt").write_bytes(b"x")
+        (run / "config.yaml").write_text("trainer:\n  max_epochs: 3\n")
+        if epochs is not None:
+            (run / "fit_record.json").write_text(json.dumps({"epochs": epochs, "seconds": 1.0}))
+        runs[name] = run / "checkpoints" / "best-*.ckpt"
+    entry = ModelEntry(name="m", command="make m", config="c.yaml", ckpt=str(runs["done"]),
+                       other_seeds=[str(p) for p in runs.values()])
+    assert [c.parent.parent.name for c in entry.seed_checkpoints()] == ["done", "unrecorded"]
+    assert [c.parent.parent.name for c in entry.seed_checkpoints(finished=False)] == ["stopped"]
+    assert fit_progress(tmp_path / "stopped") == (1, 3) and fit_progress(tmp_path / "done") is None
+
+
 def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_path, monkeypatch):
     """A row with ``other_seeds``: its recalls are the runs' means, rsum's sd is theirs, and the interval is that of
     the mean rsum; each run alone (its own row) gives the numbers averaged."""

@@ -18,7 +18,8 @@ A leaderboard YAML (``experiments/leaderboard/*.yaml``)::
          i2t: [24.8, 53.7, 67.1], t2i: [20.3, 47.6, 61.7]}
 
 ``other_seeds``: checkpoints (globs allowed) of the same config trained with other seeds; those that exist are tested
-too, the recalls are their means, rsum gets its standard deviation over the runs, and the interval is that of the mean
+too (but not one whose run's ``fit_record.json`` has fewer epochs than its ``config.yaml`` asks for: a stopped fit is
+logged, not counted), the recalls are their means, rsum gets its standard deviation over the runs, and the interval is that of the mean
 rsum (every run scored on the same resampled test images). A cross-encoder row may rerank another row's scores:
 ``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the first stage is tested first; its scores of the same
 test set reach the cross-encoder's test loop as ``first_stage_scores``, and its recall@K, the rerank's ceiling, is
@@ -135,16 +136,30 @@ class ModelEntry:
                                    f"({', '.join(f.name for f in found[:3])}); keep one or name it")
         return found[0] if found else None
 
-    def seed_checkpoints(self) -> list[Path]:
-        """The ``other_seeds`` checkpoints that exist (a glob matching several files is an error)."""
+    def seed_checkpoints(self, finished: bool = True) -> list[Path]:
+        """The ``other_seeds`` checkpoints that exist (a glob matching several files is an error): those of finished
+        fits (``finished``; a fit whose record says it stopped early is not a seed's result yet), or the others."""
         found = [replace(self, ckpt=c).checkpoint() for c in self.other_seeds]
-        return [c for c in found if c is not None and c.exists()]
+        found = [c for c in found if c is not None and c.exists()]
+        return [c for c in found if (fit_progress(c.parent.parent) is None) == finished]
 
     def run_folders(self) -> list[Path]:
         if self.runs:
             return [resolve_path(r) for r in self.runs]
         ckpt = resolve_path(self.ckpt) if self.ckpt else None
         return [ckpt.parent.parent] if ckpt is not None else []
+
+
+def fit_progress(run: Path) -> tuple[int, int] | None:
+    """(epochs trained, max_epochs) of a run folder whose ``fit_record.json`` records fewer epochs than its
+    ``config.yaml`` asks for; None when the fit finished, or when either file does not say."""
+    try:
+        epochs = int(json.loads((run / FIT_RECORD).read_text(encoding="utf-8"))["epochs"])
+        max_epochs = int(((yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {})
+                          .get("trainer") or {}).get("max_epochs"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+    return (epochs, max_epochs) if 0 < max_epochs and epochs < max_epochs else None
 
 
 @dataclass
@@ -550,6 +565,10 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 log(f"{entry.name}: skipped ({row['status'][9:]}); make it with `{entry.command}`")
                 rows.append(row)
                 continue
+            for ckpt in entry.seed_checkpoints(finished=False):
+                epochs, max_epochs = fit_progress(ckpt.parent.parent)
+                log(f"{entry.name}: {ckpt} not counted as a seed: its fit stopped after {epochs} of {max_epochs} "
+                    f"epochs (finish it with `python -m grounding fit ... --ckpt_path last`)")
             start = time.perf_counter()
             try:
                 if entry.semclip is not None:
