@@ -96,7 +96,7 @@ class StepTimer(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         now = time.perf_counter()
-        if "end" in self._marks:
+        if "end" in self._marks and trainer.global_step > self.warmup:  # the timed steps' waits only
             self._record("wait for the batch", now - self._marks["end"])
         self._marks = {"start": now}
         self._part_time.clear()
