@@ -19,8 +19,8 @@ A leaderboard YAML (``experiments/leaderboard/*.yaml``)::
 
 ``other_seeds``: checkpoints (globs allowed) of the same config trained with other seeds; those that exist are tested
 too (but not one whose run's ``fit_record.json`` has fewer epochs than its ``config.yaml`` asks for: a stopped fit is
-logged, not counted), the recalls are their means, rsum gets its standard deviation over the runs, and the interval is that of the mean
-rsum (every run scored on the same resampled test images). A cross-encoder row may rerank another row's scores:
+logged, not counted), the recalls are their means, rsum gets its standard deviation over the runs, and the interval
+is that of the mean rsum (every run scored on the same resampled test images). A cross-encoder row may rerank another row's scores:
 ``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the first stage is tested first; its scores of the same
 test set reach the cross-encoder's test loop as ``first_stage_scores``, and its recall@K, the rerank's ceiling, is
 printed beside the row). A model's ``ckpt`` may
