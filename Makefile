@@ -204,7 +204,7 @@ stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkp
 	$(call made_first,$(STAGE2_OUT)/checkpoints/best.ckpt)
 	$(CLI) fit --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --model.init_args.init_from $(STAGE2_OUT)/checkpoints/best.ckpt $(call held_out_of,$(STAGE2_OUT)) $(STAGE3_ARGS)
 	$(CLI) test --config $(STAGE3_CONFIG) --trainer.default_root_dir $(STAGE3_OUT) --ckpt_path $(STAGE3_OUT)/checkpoints/last.ckpt $(call held_out_of,$(STAGE2_OUT))
-	$(PY) -m grounding.vgbert.search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
+	$(PY) -m grounding.vgbert.image_search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
 	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png
 
 crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)

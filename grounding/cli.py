@@ -24,6 +24,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 # The stages the CLI selects by class name (``--model GroundingPretrain``, ``--data FlickrDataModule``) must be imported
@@ -182,6 +183,12 @@ class GroundingCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        step = {"test": "test_step", "validate": "validation_step", "predict": "predict_step"}.get(self.subcommand)
+        if step is not None and not is_overridden(step, self.model):  # Lightning's own error is a traceback
+            loops = [c for c in ("fit", "validate", "test") if c == "fit" or is_overridden(
+                {"validate": "validation_step", "test": "test_step"}[c], self.model)]
+            raise ConfigError(f"{type(self.model).__name__} has no {self.subcommand} loop (no {step}); its commands "
+                              f"are {' / '.join(loops)}")
         if config.get("allow_eval_overlap") and hasattr(self.model, "allow_eval_overlap"):
             self.model.allow_eval_overlap = True  # read by grounding.training_images.TrainingImages
 
@@ -222,7 +229,10 @@ def checkpoint_compatible(recorded: str, named: str) -> bool:
     configs are COMPOSER's and test any of them)."""
     if recorded == named:
         return True
-    family = [getattr(class_of(c), "checkpoint_family", None) for c in (recorded, named)]
+    classes = [class_of(c) for c in (recorded, named)]
+    if classes[0] is not None and classes[0] is classes[1]:  # one class under a renamed module's old path
+        return True
+    family = [getattr(c, "checkpoint_family", None) for c in classes]
     return family[0] is not None and family[0] == family[1]
 
 

@@ -131,7 +131,7 @@ def test_the_scan_sees_the_suite():
     assert any(i.importer == "grounding.vgbert.pretrain" and i.target == "grounding.lightning" for i in ALL_IMPORTS)
     assert layer("grounding.retrieval_training") == 0 and layer("grounding.utils.io") == 0
     assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg") == 2
-    assert layer("grounding.semclip.alignment_pairs") == 3 and layer("benchmarks.bench_vgbert") == 5
+    assert layer("grounding.semclip.alignment_data") == 3 and layer("benchmarks.bench_vgbert") == 5
     assert layer("grounding.leaderboard.board") == 4 and layer("grounding.cli") == 4 and layer("grounding.sweep") == 4
     assert layer("grounding.composer.__main__") == 4 and layer("grounding.stage_config") == 0
 

@@ -155,3 +155,28 @@ def test_evaluation_commands_fix_the_mmap_threshold(monkeypatch):
 
     if ctypes.util.find_library("c") and "glibc" in " ".join(__import__("platform").libc_ver()).lower():
         assert memory.fix_mmap_threshold() is True
+
+
+def test_an_evaluation_command_without_the_models_loop_is_one_line():
+    """`test` on a stage with only fit / validate loops (Γ_t's SemCLIPAlignment) is a ConfigError naming the loops it
+    has, not Lightning's MisconfigurationException traceback."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch import LightningModule
+
+    from grounding.cli import GroundingCLI
+    from grounding.stage_config import ConfigError
+
+    class FitAndValidateOnly(LightningModule):
+        def training_step(self, batch, batch_idx):
+            return None
+
+        def validation_step(self, batch, batch_idx):
+            return None
+
+    cli = SimpleNamespace(subcommand="test", model=FitAndValidateOnly(), config={"test": {}, "validate": {}})
+    with pytest.raises(ConfigError, match=r"FitAndValidateOnly has no test loop \(no test_step\); its commands are "
+                                          r"fit / validate$"):
+        GroundingCLI.after_instantiate_classes(cli)
+    cli.subcommand = "validate"
+    GroundingCLI.after_instantiate_classes(cli)  # it has that one

@@ -20,8 +20,8 @@ def semclip_inputs(tiny_world, tmp_path_factory):
 
 def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkeypatch):
     import grounding.semclip.vlm as vlm_module
-    from grounding.semclip import alignment_pairs
-    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
+    from grounding.semclip import alignment_data
+    from grounding.semclip.alignment_data import AlignmentPairsDataModule
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     captions = tmp_path / "captions.txt"
@@ -56,13 +56,13 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
     assert AlignmentPairsDataModule(**args).cache_path() != path
     with pytest.raises(FileNotFoundError, match="(?i)caption file"):
         AlignmentPairsDataModule(**{**args, "captions": str(tmp_path / "none.json")}).cache_path()
-    assert alignment_pairs.read_captions(semclip_inputs["captions"])  # COCO JSON
+    assert alignment_data.read_captions(semclip_inputs["captions"])  # COCO JSON
 
 
 def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):
     """caption_images (a Flickr-style image list) keeps the training photos' captions, and keys the cache."""
     from data_modules.errors import MalformedDataError, MissingDataError
-    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
+    from grounding.semclip.alignment_data import AlignmentPairsDataModule, read_captions
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     tokens = tmp_path / "tokens.txt"
@@ -91,8 +91,8 @@ def test_alignment_module_trains_and_exports(tmp_path):
     from lightning.pytorch import Trainer
     from torch.utils.data import DataLoader, TensorDataset
 
-    from grounding.semclip.align import SemCLIPAlignment
     from grounding.semclip.alignment import AlignmentTransform, load_transform, recovery_error
+    from grounding.semclip.alignment_training import SemCLIPAlignment
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=g)
@@ -206,7 +206,7 @@ def test_stability_and_retrieval_on_hand_made_cases():
 def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path, monkeypatch, capsys):
     from grounding.semclip.__main__ import main
     from grounding.semclip.alignment import AlignmentTransform, fit_alignment, save_transform
-    from grounding.semclip.alignment_pairs import AlignmentPairsDataModule
+    from grounding.semclip.alignment_data import AlignmentPairsDataModule
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     dm_args = dict(vlm=semclip_inputs["vlm"], ste=semclip_inputs["ste"], captions=semclip_inputs["captions"],

@@ -118,7 +118,7 @@ def photo_inputs(tiny_world, tmp_path_factory):
     """Eight tiny generated photos in a Flickr8k layout: images/, a token file (captions naming the world's objects),
     a test list; a random tiny VLM, a world STE, a small Γ_t and its alignment pairs."""
     from grounding.semclip.alignment import AlignmentTransform, fit_alignment
-    from grounding.semclip.alignment_pairs import build_pairs
+    from grounding.semclip.alignment_data import build_pairs
     from grounding.semclip.ste import STEEmbedding
     from grounding.semclip.vlm import load_vlm
 

@@ -1,7 +1,7 @@
 """SemCLIP (semantic memory-aligned VLM): the STE, the alignment transform and its evaluation.
 
-Its configs name classes by full path (``grounding.semclip.align.SemCLIPAlignment``,
-``grounding.semclip.alignment_pairs.AlignmentPairsDataModule``: the pairs need a VLM to embed captions,
+Its configs name classes by full path (``grounding.semclip.alignment_training.SemCLIPAlignment``,
+``grounding.semclip.alignment_data.AlignmentPairsDataModule``: the pairs need a VLM to embed captions,
 so that DataModule lives here rather than in ``data_modules``). The WordNet similarity lists
 the STE trains on are data: ``data_modules.wordnet_lists`` and ``data_modules.SimilarityListsDataModule``.
 """

@@ -31,7 +31,7 @@ from grounding.checkpoints import require_checkpoint_of
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
 from grounding.semclip.alignment import load_transform, minilm_lexical_variants
-from grounding.semclip.alignment_pairs import AlignmentPairsDataModule, read_captions
+from grounding.semclip.alignment_data import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
 from grounding.semclip.photo_evaluation import (
     BANK_PROTOCOLS,

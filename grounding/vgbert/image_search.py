@@ -1,6 +1,6 @@
 """Multimodal image search with VG-BERT's search heads (§4.5, App. B.5, Fig. 7).
 
-    python -m grounding.vgbert.search --ckpt search.ckpt --images DIR [--query-image IMG] [--query-text "..."]
+    python -m grounding.vgbert.image_search --ckpt search.ckpt --images DIR [--query-image IMG] [--query-text "..."]
         [--alpha 0.5] [--top-k 8] [--grid out.png --alphas 0,0.25,0.5,0.75,1] [--index FILE]
 
 Indexes every image under DIR (batched through the frozen model and F_V; the index of unit vectors
@@ -152,7 +152,7 @@ def write_grid(out: str | Path, rows: list[tuple[float, list[Path], list[float]]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m grounding.vgbert.search", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m grounding.vgbert.image_search", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="a SearchHeads checkpoint (experiments/vgbert/search_*.yaml)")
     p.add_argument("--images", required=True, help="folder of images to search (indexed recursively)")
     p.add_argument("--query-image", help="image query Q_I")
@@ -210,10 +210,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
             result["grid"] = {al: [str(p) for p in ps] for al, ps, _ in rows}
         return result
     except SearchError as e:
-        print(f"python -m grounding.vgbert.search: error: {e}", file=sys.stderr)
+        print(f"python -m grounding.vgbert.image_search: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    with user_errors_exit("python -m grounding.vgbert.search"):
+    with user_errors_exit("python -m grounding.vgbert.image_search"):
         main()
