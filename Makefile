@@ -348,7 +348,8 @@ leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test phot
 
 # The real benchmark (issue 28): every retrieval model trained on Flickr8k's 6,000 training photos, selected on the 1,000
 # dev photos, tested on the 1,000 official test photos beside published results (reports/leaderboard/flickr8k_full).
-# Each model of FULL_TRAIN without a checkpoint is fit first (`python -m grounding fit --config <its _full config>`);
+# Each model of FULL_TRAIN without a checkpoint is fit first (`python -m grounding fit --config <its _full config>`), and a
+# fit that stopped before its max_epochs resumes from its last.ckpt (a stopped run is never tested as trained);
 # the leaderboard tests them (cross-encoders rerank VSE's top 20). On 2 idle CPU cores: the feature cache ~6 min once,
 # the dual encoders ~25-40 min each, the cross-encoders up to 3 h each (docs/results.md has the measured times).
 FULL_TRAIN ?= stage1 baseline vse composer vilbert vilbert-mvsa semclip
@@ -361,15 +362,23 @@ FULL_RUNS := stage1:experiments/vgbert/stage1_flickr8k_full.yaml:outputs/vgbert/
   composer:experiments/composer/composer_flickr8k_full.yaml:outputs/composer/flickr8k_full \
   vilbert:experiments/composer/vilbert_flickr8k_full.yaml:outputs/composer/vilbert_flickr8k_full \
   vilbert-mvsa:experiments/composer/vilbert_mvsa_flickr8k_full.yaml:outputs/composer/vilbert_mvsa_flickr8k_full
+# exit 0 when the run folder's fit stopped before its max_epochs (fit_record.json against config.yaml): resume it
+fit_stopped = $(PY) -c 'import sys; from pathlib import Path; from grounding.leaderboard.board import fit_progress; sys.exit(fit_progress(Path(sys.argv[1])) is None)'
 leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of Flickr8k (6,000 train photos), the 1,000-photo test + published rows (trains what is missing: FULL_TRAIN)
 	@set -e; for run in $(FULL_RUNS); do name=$${run%%:*}; rest=$${run#*:}; config=$${rest%%:*}; out=$${rest#*:}; \
 	  case " $(FULL_TRAIN) " in *" $$name "*) ;; *) continue;; esac; \
-	  ls $$out/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "$$name: no checkpoint in $$out: fitting $$config"; \
-	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; }; \
+	  if [ -f $$out/checkpoints/last.ckpt ] && $(fit_stopped) $$out; then echo "$$name: the fit in $$out stopped early: resuming"; \
+	    $(CLI) fit --config $$config --trainer.default_root_dir $$out --ckpt_path last; \
+	  elif ! ls $$out/checkpoints/best-*.ckpt >/dev/null 2>&1; then echo "$$name: no checkpoint in $$out: fitting $$config"; \
+	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; fi; \
 	  case " $(FULL_SEEDED) " in *" $$name "*) ;; *) continue;; esac; \
-	  for seed in $(FULL_SEEDS); do ls $${out}_seed$$seed/checkpoints/best-*.ckpt >/dev/null 2>&1 || { \
-	    echo "$$name, seed $$seed: fitting $$config into $${out}_seed$$seed"; $(CLI) fit --config $$config \
-	      --seed_everything $$seed --data.init_args.seed $$seed --trainer.default_root_dir $${out}_seed$$seed; }; done; done
+	  for seed in $(FULL_SEEDS); do run=$${out}_seed$$seed; \
+	    if [ -f $$run/checkpoints/last.ckpt ] && $(fit_stopped) $$run; then echo "$$name, seed $$seed: resuming $$run"; \
+	      $(CLI) fit --config $$config --seed_everything $$seed --data.init_args.seed $$seed \
+	        --trainer.default_root_dir $$run --ckpt_path last; \
+	    elif ! ls $$run/checkpoints/best-*.ckpt >/dev/null 2>&1; then echo "$$name, seed $$seed: fitting $$config into $$run"; \
+	      $(CLI) fit --config $$config --seed_everything $$seed --data.init_args.seed $$seed --trainer.default_root_dir $$run; \
+	    fi; done; done
 	@set -e; case " $(FULL_TRAIN) " in *" semclip "*) \
 	  test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || $(MAKE) --no-print-directory ste \
 	    STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet; \

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,10 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     own = {"stage1": _own_test(stage1, ckpts["stage1"], tmp_path / "t1", "--data", "data_modules.FlickrDataModule",
                                f"--data.init_args.root={tiny_world / 'flickr'}"),
            "vse": _own_test(vse, ckpts["vse"], tmp_path / "t2")}
+    # a run whose fit stopped before its max_epochs (its record says 1 epoch of 3): skipped, not published
+    stopped = tmp_path / "run_stopped"
+    shutil.copytree(Path(ckpts["stage1"]).parent.parent, stopped)
+    (stopped / "config.yaml").write_text((stopped / "config.yaml").read_text().replace("max_epochs: 1", "max_epochs: 3"))
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "world_meta": str(tiny_world / "world.json")},
                   "out": str(tmp_path / "board"),
                   "models": [{"name": "stage 1", "config": stage1, "ckpt": ckpts["stage1"], "command": "make stage1"},
@@ -117,7 +122,9 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
                              # a stage config that keeps a test_subset of its own: not the same test set
                              {"name": "subset", "config": subset, "ckpt": ckpts["stage1"], "command": "make stage1"},
                              # another model's checkpoint: an error, never that model's numbers under this name
-                             {"name": "wrong", "config": stage1, "ckpt": ckpts["vse"], "command": "make stage1"}],
+                             {"name": "wrong", "config": stage1, "ckpt": ckpts["vse"], "command": "make stage1"},
+                             {"name": "stopped", "config": stage1, "ckpt": str(stopped / "checkpoints" / "last.ckpt"),
+                              "command": "make stage1"}],
                   "published": [{"name": "m-CNN", "source": "Ma et al. 2015", "encoders": "VGG19 | word CNN",
                                  "i2t": [24.8, 53.7, 67.1], "t2i": [20.3, 47.6, 61.7]}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
@@ -137,19 +144,20 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
     assert rows["missing"]["status"].startswith("skipped") and rows["missing"]["command"] == "make vilbert"
     assert rows["subset"]["status"].startswith("error") and "not the test set's" in rows["subset"]["status"]
     assert rows["wrong"]["status"].startswith("error") and "is a checkpoint of" in rows["wrong"]["status"]
+    assert rows["stopped"]["status"] == "skipped: its fit stopped after 1 of 3 epochs"
     out = write_outputs(list(rows.values()), board)
     md = (out / "leaderboard.md").read_text()
     assert "| stage 1 |" in md and "skipped" in md and "`make vilbert`" in md
     assert "| m-CNN | Ma et al. 2015 | VGG19 \\| word CNN | 20.3 | 47.6 | 61.7 | 24.8 | 53.7 | 67.1 | 275.2 |" in md
     table = list(csv.DictReader((out / "leaderboard.csv").open()))
-    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset", "wrong", "m-CNN"]
+    assert [r["model"] for r in table] == ["stage 1", "VSE", "missing", "subset", "wrong", "stopped", "m-CNN"]
     assert json.loads((out / "leaderboard.json").read_text())["rows"][0]["status"] == "ok"
     assert (out / "leaderboard.png").stat().st_size > 1000
 
     # --only re-tests one model and keeps the other rows of the table already written
     assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--only", "missing"]) == 0
     merged = json.loads((out / "leaderboard.json").read_text())["rows"]
-    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset", "wrong", "m-CNN"]
+    assert [r["model"] for r in merged] == ["stage 1", "VSE", "missing", "subset", "wrong", "stopped", "m-CNN"]
     assert merged[0]["status"] == "ok" and merged[-1]["status"] == "published"
 
 

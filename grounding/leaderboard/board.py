@@ -567,6 +567,14 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 log(f"{entry.name}: skipped ({row['status'][9:]}); make it with `{entry.command}`")
                 rows.append(row)
                 continue
+            ckpt = entry.checkpoint() if entry.semclip is None else None
+            progress = fit_progress(ckpt.parent.parent) if ckpt is not None else None
+            if progress is not None:  # a stopped fit is not the model's result: finish it first
+                row["status"] = f"skipped: its fit stopped after {progress[0]} of {progress[1]} epochs"
+                log(f"{entry.name}: skipped ({row['status'][9:]}); finish it with `python -m grounding fit --config "
+                    f"{entry.config} --trainer.default_root_dir {ckpt.parent.parent} --ckpt_path last`")
+                rows.append(row)
+                continue
             for ckpt in entry.seed_checkpoints(finished=False):
                 epochs, max_epochs = fit_progress(ckpt.parent.parent)
                 log(f"{entry.name}: {ckpt} not counted as a seed: its fit stopped after {epochs} of {max_epochs} "
