@@ -328,7 +328,8 @@ composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same 
 	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT)
 
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
-# .png). The demo's models are made by `make demo` when missing, then the COMPOSER baselines.
+# .png). The demo's models are made by `make demo` when missing, then VSE, then COMPOSER and its cross-encoder baselines
+# on one schedule (`make composer-compare`, seed 0; seed 1 joins the rows when it exists).
 LEADERBOARD ?= experiments/leaderboard/world.yaml
 WORLD_LEADERBOARD := experiments/leaderboard/world.yaml
 leaderboard: install  ## every retrieval model of the suite on the world's test split, one table + bar chart (makes missing models first)
@@ -336,8 +337,8 @@ leaderboard: install  ## every retrieval model of the suite on the world's test 
 	  test -f $(STAGE3_OUT)/checkpoints/last.ckpt -a -f $(COMPOSER_OUT)/checkpoints/last.ckpt -a -f $(SEMCLIP_OUT)/transform.pt \
 	    || { echo "the demo's models are missing: running make demo first"; $(MAKE) --no-print-directory demo; }; \
 	  test -f $(VSE_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vse; \
-	  test -f $(VILBERT_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert; \
-	  test -f $(VILBERT_MVSA_OUT)/checkpoints/last.ckpt || $(MAKE) --no-print-directory vilbert-mvsa; fi
+	  for m in composer vilbert vilbert_mvsa; do test -f outputs/composer/compare_world/$${m}_s0/checkpoints/last.ckpt \
+	    || { $(MAKE) --no-print-directory composer-compare COMPARE_SEEDS=0; break; }; done; fi
 	$(call world_for,$(LEADERBOARD))
 	$(PY) -m grounding.leaderboard --config $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
