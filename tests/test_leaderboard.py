@@ -319,17 +319,25 @@ def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_p
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     first = _fit(vse, tmp_path / "seed0")
     second = _fit(vse, tmp_path / "seed1", "--seed_everything=1")
-    board_yaml = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
+    board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "world_meta": str(tiny_world / "world.json")},
+                  "out": str(tmp_path / "board"),
                   "models": [{"name": "VSE", "config": vse, "ckpt": first, "command": "make vse",
                               "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt"),
                                               str(tmp_path / "seed2" / "checkpoints" / "last.ckpt")]},  # not made
                              {"name": "seed 0", "config": vse, "ckpt": first, "command": "make vse"},
                              {"name": "seed 1", "config": vse, "ckpt": second, "command": "make vse"}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
+    from grounding.leaderboard import board as board_module
+
+    given = []  # without a compositional split, every seed's held-out-pair R@1 comes from its own scores
+    original = board_module.seed_mean_row
+    monkeypatch.setattr(board_module, "seed_mean_row", lambda runs, comp_r1, *a: given.append(comp_r1) or original(
+        runs, comp_r1, *a))
     rows = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), log=lambda line: None)}
+    assert given == [[None, None]]
     mean, a, b = rows["VSE"], rows["seed 0"], rows["seed 1"]
     assert mean["status"] == "ok" and mean["seeds"] == 2 and a["rsum"] != b["rsum"]
-    for key in ("t2i_r1", "i2t_r5", "rsum"):
+    for key in ("t2i_r1", "i2t_r5", "rsum", "compositional_r1"):  # the held-out-pair R@1 too, over both seeds
         assert mean[key] == pytest.approx((a[key] + b[key]) / 2)
     assert mean["rsum_sd"] == pytest.approx(abs(a["rsum"] - b["rsum"]) / 2 ** 0.5)
     assert mean["rsum_low"] <= mean["rsum"] <= mean["rsum_high"]

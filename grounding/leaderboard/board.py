@@ -472,8 +472,8 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
                                              " (compositional split)", first_stage=first_stage.get("comp"))
         row["compositional_r1"] = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
         kept["comp"] = (comp, comp_texts)
-    if replicas:
-        runs = [(scored, row.get("compositional_r1"))]
+    if replicas:  # (without a compositional split, seed_mean_row takes each run's held-out-pair R@1 from its scores)
+        runs = [(scored, row.get("compositional_r1") if compositional_reference is not None else None)]
         for replica in replicas:
             _, other, _, _ = _stage_test(replica, data_class, test_set.captions, test_set.world_meta, workdir, reference,
                                          f" ({Path(replica.ckpt).name})", first_stage=first_stage.get("test"))
