@@ -368,18 +368,13 @@ fit_stopped = $(PY) -c 'import sys; from pathlib import Path; from grounding.lea
 leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of Flickr8k (6,000 train photos), the 1,000-photo test + published rows (trains what is missing: FULL_TRAIN)
 	@set -e; for run in $(FULL_RUNS); do name=$${run%%:*}; rest=$${run#*:}; config=$${rest%%:*}; out=$${rest#*:}; \
 	  case " $(FULL_TRAIN) " in *" $$name "*) ;; *) continue;; esac; \
-	  if [ -f $$out/checkpoints/last.ckpt ] && $(fit_stopped) $$out; then echo "$$name: the fit in $$out stopped early: resuming"; \
-	    $(CLI) fit --config $$config --trainer.default_root_dir $$out --ckpt_path last; \
-	  elif ! ls $$out/checkpoints/best-*.ckpt >/dev/null 2>&1; then echo "$$name: no checkpoint in $$out: fitting $$config"; \
-	    $(CLI) fit --config $$config --trainer.default_root_dir $$out; fi; \
-	  case " $(FULL_SEEDED) " in *" $$name "*) ;; *) continue;; esac; \
-	  for seed in $(FULL_SEEDS); do run=$${out}_seed$$seed; \
-	    if [ -f $$run/checkpoints/last.ckpt ] && $(fit_stopped) $$run; then echo "$$name, seed $$seed: resuming $$run"; \
-	      $(CLI) fit --config $$config --seed_everything $$seed --data.init_args.seed $$seed \
-	        --trainer.default_root_dir $$run --ckpt_path last; \
-	    elif ! ls $$run/checkpoints/best-*.ckpt >/dev/null 2>&1; then echo "$$name, seed $$seed: fitting $$config into $$run"; \
-	      $(CLI) fit --config $$config --seed_everything $$seed --data.init_args.seed $$seed --trainer.default_root_dir $$run; \
-	    fi; done; done
+	  seeds=-; case " $(FULL_SEEDED) " in *" $$name "*) seeds="- $(FULL_SEEDS)";; esac; \
+	  for seed in $$seeds; do run=$$out; args=; \
+	    if [ $$seed != - ]; then run=$${out}_seed$$seed; args="--seed_everything $$seed --data.init_args.seed $$seed"; fi; \
+	    if [ -f $$run/checkpoints/last.ckpt ] && $(fit_stopped) $$run; then echo "$$name: the fit in $$run stopped early: resuming"; \
+	      $(CLI) fit --config $$config $$args --trainer.default_root_dir $$run --ckpt_path last; \
+	    elif ! ls $$run/checkpoints/best-*.ckpt >/dev/null 2>&1; then echo "$$name: no checkpoint in $$run: fitting $$config"; \
+	      $(CLI) fit --config $$config $$args --trainer.default_root_dir $$run; fi; done; done
 	@set -e; case " $(FULL_TRAIN) " in *" semclip "*) \
 	  test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || $(MAKE) --no-print-directory ste \
 	    STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet; \

@@ -121,6 +121,10 @@ class RunConfigCallback(SaveConfigCallback):
         self.already_saved = True
 
 
+# each evaluation subcommand's LightningModule hook
+EVALUATION_STEPS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
 class GroundingCLI(LightningCLI):
     run_lock: RunLock | None = None
 
@@ -183,10 +187,9 @@ class GroundingCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        step = {"test": "test_step", "validate": "validation_step", "predict": "predict_step"}.get(self.subcommand)
+        step = EVALUATION_STEPS.get(self.subcommand)
         if step is not None and not is_overridden(step, self.model):  # Lightning's own error is a traceback
-            loops = [c for c in ("fit", "validate", "test") if c == "fit" or is_overridden(
-                {"validate": "validation_step", "test": "test_step"}[c], self.model)]
+            loops = ["fit"] + [c for c in ("validate", "test") if is_overridden(EVALUATION_STEPS[c], self.model)]
             raise ConfigError(f"{type(self.model).__name__} has no {self.subcommand} loop (no {step}); its commands "
                               f"are {' / '.join(loops)}")
         if config.get("allow_eval_overlap") and hasattr(self.model, "allow_eval_overlap"):
