@@ -16,6 +16,10 @@ runs with its text encoder padded and on real tokens only (``packed_tokens``; ``
 (so their ratio moves with the machine's load); then COMPOSER's Predicate Transformer alone on the same templates,
 padded against real tokens only, interleaved (a ratio that holds under load).
 
+On a GPU every timing mark waits for the queued kernels first (``torch.cuda.synchronize``), and the timed steps run
+under ``torch.cuda.set_sync_debug_mode("warn")``: the report adds the host-device synchronisations a step, by the
+Python line that caused them (a step that waits on the GPU mid-forward cannot queue the next kernels ahead).
+
 Defaults: the 753-photo Flickr8k configs of COMPOSER and ViLBERT-style when ``../shared/data/flickr8k`` is there,
 else their world configs.
 """
@@ -27,11 +31,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 from torch import nn
 
@@ -53,6 +59,9 @@ class StepTimer(Callback):
         self._part_time: dict[str, float] = defaultdict(float)
         self._open: dict[str, float] = {}
         self._marks: dict[str, float] = {}
+        self.sync_log: list[warnings.WarningMessage] | None = None  # set by profile() on a GPU
+        self.syncs: Counter = Counter()  # host synchronisations of the timed steps, by the Python line causing them
+        self._seen = 0
         for name, child in net.named_children():
             if hasattr(child, "embeddings") and hasattr(child, "encoder"):
                 continue  # a BERT: timed in grounding.encoders.bert_hidden_states (packed or padded), see below
@@ -86,30 +95,32 @@ class StepTimer(Callback):
 
     def _enter(self, name):
         def hook(module, args):
-            self._open[name] = time.perf_counter()
+            self._open[name] = _now()
         return hook
 
     def _leave(self, name):
         def hook(module, args, output):
-            self._part_time[name] += time.perf_counter() - self._open.pop(name)
+            self._part_time[name] += _now() - self._open.pop(name)
         return hook
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        now = time.perf_counter()
+        now = _now()
         if "end" in self._marks and trainer.global_step > self.warmup:  # the timed steps' waits only
             self._record("wait for the batch", now - self._marks["end"])
         self._marks = {"start": now}
         self._part_time.clear()
+        if self.sync_log is not None:
+            self._seen = len(self.sync_log)
 
     def on_before_backward(self, trainer, pl_module, loss):
-        self._marks["forward"] = time.perf_counter()
+        self._marks["forward"] = _now()
 
     def on_after_backward(self, trainer, pl_module):
-        self._marks["backward"] = time.perf_counter()
+        self._marks["backward"] = _now()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         m = self._marks
-        m["end"] = time.perf_counter()
+        m["end"] = _now()
         if trainer.global_step <= self.warmup:
             return
         forward = m["forward"] - m["start"]
@@ -119,10 +130,24 @@ class StepTimer(Callback):
         self._record("step", m["end"] - m["start"])
         for name, sec in self._part_time.items():
             self.parts[name].append(sec)
+        if self.sync_log is not None:
+            self.syncs.update(f"{Path(w.filename).name}:{w.lineno}" for w in self.sync_log[self._seen:] if _is_sync_warning(w))
         self.parts["rest of the forward"].append(forward - sum(self._part_time.values()))
 
     def _record(self, phase: str, sec: float) -> None:
         self.phases[phase].append(sec)
+
+
+def _now() -> float:
+    """The clock after the GPU's queued work: on a GPU, hooks read without it would time kernel launches only."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _is_sync_warning(w: warnings.WarningMessage) -> bool:
+    """A warning of ``torch.cuda.set_sync_debug_mode("warn")`` raised by the suite or a library, not by ``_now``."""
+    return "synchroniz" in str(w.message) and Path(w.filename).resolve() != Path(__file__).resolve()
 
 
 def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
@@ -134,8 +159,17 @@ def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
         timer = StepTimer(model.net, warmup)
         trainer.callbacks.append(timer)
         max_epochs = int(cli.config.get("trainer", {}).get("max_epochs") or 1)
-        with timer.timing_text_encoders():
-            trainer.fit(model, dm)
+        on_gpu = torch.cuda.is_available()
+        with timer.timing_text_encoders(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            timer.sync_log = caught if on_gpu else None
+            if on_gpu:  # every host-device synchronisation warns, with the Python line that caused it
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.fit(model, dm)
+            finally:
+                if on_gpu:
+                    torch.cuda.set_sync_debug_mode("default")
         steps_per_epoch = len(dm.train_dataloader())
         photos = len(dm.train_dataset)
     # means, so the phases add up to the step and the parts to the forward
@@ -143,6 +177,7 @@ def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
     label = f"{Path(config).name}, packed_tokens {str(packed).lower()}"
     return {"config": config, "label": label, "step": step, "phases": {k: statistics.mean(v) for k, v in timer.phases.items()},
             "parts": {k: statistics.mean(v) for k, v in timer.parts.items()}, "steps_per_epoch": steps_per_epoch,
+            "syncs": {site: n / steps for site, n in timer.syncs.items()} if on_gpu else None,
             "photos": photos, "max_epochs": max_epochs, "params": sum(p.numel() for p in model.net.parameters()),
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
@@ -161,11 +196,11 @@ def predicate_transformer_ab(config: str, n_batches: int = 6, repeats: int = 4) 
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeats + 1):
         for packed in (False, True):
-            start = time.perf_counter()
+            start = _now()
             for ids, mask in batches:
                 pt.zero_grad(set_to_none=True)
                 encoders.bert_hidden_states(pt, ids, mask, packed).sum().backward()
-            times[packed].append(time.perf_counter() - start)
+            times[packed].append(_now() - start)
     padding = 1 - sum(float(m.float().mean()) for _, m in batches) / len(batches)
     return {"padding": padding, **{k: statistics.median(v[1:]) for k, v in times.items()}}
 
@@ -196,6 +231,9 @@ def main() -> int:
         forward = r["phases"]["forward"]
         for name, sec in sorted(r["parts"].items(), key=lambda kv: -kv[1]):
             print(f"    forward: {name:28s} {sec:7.3f} s  {100 * sec / forward:5.1f} % of the forward")
+        if r["syncs"] is not None:
+            top = ", ".join(f"{site} {n:.1f}" for site, n in sorted(r["syncs"].items(), key=lambda kv: -kv[1])[:8])
+            print(f"  host synchronisations a step (torch.cuda sync debug): {sum(r['syncs'].values()):.1f}; {top}")
     composer = next((c for c in configs if "composer_" in Path(c).name), None)
     if composer is not None:
         ab = predicate_transformer_ab(composer)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The demo's training stages on a lent GPU (accelerator auto -> 1 GPU, precision null -> bf16-mixed), run there
 # from the repository root with .gpu/ carried (made by benchmarks/device/prepare.sh):
-#   STEPS="stage1 vilbert stage2 stage3 baseline vse demo-composer" bash .gpu/demo_gpu.sh 2>&1 | tee $OUT/summary.log
+#   STEP_TIMEOUT=240 bash .gpu/demo_gpu.sh 2>&1 | tee $OUT/summary.log   (STEPS="stage1 vse ..." picks steps)
 # The world is regenerated there (the same seed gives the same world.json as here; its sha1 is printed), runs
 # log to CSV (wandb is not on that machine), and each step's log lands in $OUT/results.tgz.
 set -u
@@ -34,11 +34,15 @@ touch /tmp/v/.grounding-installed
 # `python -m grounding` with the CSV logger appended after the stage's configs
 printf 'import runpy, sys\na = sys.argv[1:]\nif a and a[0] in ("fit", "test", "validate", "predict"):\n    a += ["--trainer.logger", "grounding.loggers.CSVLogger"]\nsys.argv = ["grounding", *a]\nrunpy.run_module("grounding", run_name="__main__", alter_sys=True)\n' > /tmp/gpu_cli.py
 log "setup done"
-for step in ${STEPS:-stage1 vilbert stage2 stage3 baseline vse demo-composer}; do
+for step in ${STEPS:-bench-cross demo-composer stage1 vilbert stage2 stage3 baseline vse}; do
   s=$(date +%s)
   # each log line stamped with the seconds since the step began: a step cut off by STEP_TIMEOUT still shows where it was
   set -o pipefail
-  if timeout "${STEP_TIMEOUT:-600}" make --no-print-directory "$step" VENV=/tmp/v CLI="python3 /tmp/gpu_cli.py" 2>&1 \
+  case $step in  # bench-cross: COMPOSER's and ViLBERT-style's steps timed by part, with the host syncs of each
+    bench-cross) cmd=(python3 benchmarks/bench_cross_encoder_train.py --steps 20 --warmup 3 --packed false);;
+    *) cmd=(make --no-print-directory "$step" VENV=/tmp/v CLI="python3 /tmp/gpu_cli.py");;
+  esac
+  if timeout "${STEP_TIMEOUT:-600}" "${cmd[@]}" 2>&1 \
     | (SECONDS=0; while IFS= read -r l; do echo "[$SECONDS s] $l"; done) > "/tmp/logs/$step.log"
   then r=ok; else r=FAIL; tail -25 "/tmp/logs/$step.log"; fi
   set +o pipefail
