@@ -148,16 +148,46 @@ def test_last_coattention_block_has_no_image_direction_and_old_weights_load():
 
 def test_every_composition_parameter_gets_a_gradient():
     graph, tables, _ = tiny_graph()
-    for kw in ({}, {"readout": "mean", "modulator_skip": True, "child_skip": True}):
+    for kw in ({}, {"readout": "mean", "modulator_skip": True, "child_skip": True, "score_head": "image_gated",
+                    "composition_scale": 0.3}):
         net = tiny_net(**kw).train()
         b = composition_batch(graph, tables, [0, 1, 2])
         regions, mask = net.embed_regions(torch.randn(3, 3, 32, 32))
         pairs = torch.arange(3)
         table, ptr = net.compose(b, regions, mask, pairs, pairs)
-        net.score(table).sum().backward()
+        net.node_scores(table, ptr, regions, mask, pairs).sum().backward()
         missing = [n for n, p in net.named_parameters() if p.requires_grad and p.grad is None
                    and not n.startswith(("predicate_transformer.pooler", "backbone"))]
         assert not missing, missing
+
+
+def test_image_gated_score_is_theta_of_the_concept_times_its_images_gate():
+    """``score_head: image_gated``: s = θᵀ(v ⊙ ReLU(W·mean of the pair image's region tokens)), row by row against a
+    hand-written reference; ``linear`` is θᵀv whatever the image; a gated score without its gate is refused."""
+    graph, tables, _ = tiny_graph()
+    b = composition_batch(graph, tables, [0, 1, 2])
+    pair_image, pair_caption = torch.tensor([2, 0, 1, 1]), torch.tensor([0, 0, 2, 1])
+    for head in ("linear", "image_gated"):
+        net = tiny_net(score_head=head)
+        regions, mask = net.embed_regions(torch.randn(3, 3, 32, 32))
+        mask = mask.clone()
+        mask[1, -2:] = False  # the gate's mean is over the image's real regions only
+        with torch.no_grad():
+            table, ptr = net.compose(b, regions, mask, pair_image, pair_caption)
+            s = net.node_scores(table, ptr, regions, mask, pair_image)
+        expected = []
+        for p, image in enumerate(pair_image.tolist()):
+            v = table[ptr[p]:ptr[p + 1]]
+            if head == "image_gated":
+                pooled = regions[image][mask[image]].mean(0)
+                gate = torch.relu(pooled @ net.image_gate[0].weight.T + net.image_gate[0].bias)
+                v = v * gate
+            expected.append(v @ net.theta.weight[0] + net.theta.bias[0])
+        torch.testing.assert_close(s, torch.cat(expected), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="image_gated"):
+        net.score(table)
+    with pytest.raises(ValueError, match="score_head"):
+        tiny_net(score_head="bilinear")
 
 
 def test_grid_regions_cover_the_image():
@@ -173,7 +203,8 @@ def test_grid_regions_cover_the_image():
 @pytest.mark.parametrize("learns", [False, True])
 def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_first, learns):
     graph, tables, _ = tiny_graph(failed=True)
-    switches = dict(readout="mean", modulator_skip=True, child_skip=True, primitive_queries="encoder") if learns else {}
+    switches = (dict(readout="mean", modulator_skip=True, child_skip=True, primitive_queries="encoder",
+                     score_head="image_gated", composition_scale=0.3) if learns else {})
     net = tiny_net(modulator=modulator, primitive_cross_attention=cross, norm_first=norm_first, **switches)
     if learns:  # the zero-initialised residual branches made non-zero, so the skips are exercised
         with torch.no_grad():
@@ -187,7 +218,8 @@ def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_firs
         reference = compose_node_by_node(net, b, regions, mask, pair_image, pair_caption)
     torch.testing.assert_close(table, reference, atol=1e-5, rtol=1e-5)
     s = net(b, regions, mask, pair_image, pair_caption)
-    torch.testing.assert_close(s, net.score(reference[ptr[:-1] + b["caption_root"][pair_caption]]))
+    root = ptr[:-1] + b["caption_root"][pair_caption]
+    torch.testing.assert_close(s, net.node_scores(reference, ptr, regions, mask, pair_image)[root])
 
 
 def test_packed_predicate_transformer_gives_the_same_concepts_and_gradients():

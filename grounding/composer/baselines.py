@@ -32,15 +32,9 @@ from grounding.precision import dot_similarity, full_precision
 from grounding.retrieval_metrics import place_reranked, rerank_pairs
 
 from .hard_negatives import HARD_NEGATIVE_MODES
-from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, expand_counts, region_backbone, region_features
+from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, expand_counts, masked_mean, region_backbone, region_features
 from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
 from .training import RegionRetrievalModule, four_way_negatives
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` (B,N,d) over the positions where ``mask`` (B,N) is True."""
-    m = mask.unsqueeze(-1).to(x.dtype)
-    return (x * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 class ResidualBlock(nn.Module):

@@ -43,6 +43,8 @@ PARTS = {
     "modulator": "modulator",
     "composition": "Composition Transformer",
     "theta": "score θ",
+    "image_gate": "image gate g(x)",
+    "composition_gain": "composition scale γ",
     "text_proj": "text projection",
     "backbone": "frozen backbone",
 }

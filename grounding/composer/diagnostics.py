@@ -123,11 +123,13 @@ def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
     caption = torch.arange(n_cap)
 
     def roots(b, pair_image):
+        """(root vectors, root scores) of every caption composed with ``pair_image``."""
         table, ptr = net.compose(b, regions, mask, pair_image, caption)
-        return table[ptr[:-1] + b["caption_root"]]
+        root = ptr[:-1] + b["caption_root"]
+        return table[root], net.node_scores(table, ptr, regions, mask, pair_image)[root].float()
 
     fixed = torch.full((n_cap,), image, dtype=torch.long)
-    v = F.normalize(roots(batch, fixed).float(), dim=-1)
+    v = F.normalize(roots(batch, fixed)[0].float(), dim=-1)
     cos = v @ v.T
     owner = batch["caption_image_index"]
     same = owner[:, None] == owner[None, :]
@@ -135,13 +137,13 @@ def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
     different = cos[~same]
     gap = (cos[same & off].mean() - different.mean()) / different.std().clamp(min=1e-12)
 
-    score = net.score(roots(batch, owner)).float()
+    score = roots(batch, owner)[1]
     other_image = (owner + 1) % len(regions)
-    image_swap = (net.score(roots(batch, other_image)).float() - score).abs().mean()
+    image_swap = (roots(batch, other_image)[1] - score).abs().mean()
     swapped = dict(batch)
     swapped["primitive_ids"] = batch["primitive_ids"].roll(1, 0)
     swapped["primitive_mask"] = batch["primitive_mask"].roll(1, 0)
-    noun_swap = (net.score(roots(swapped, owner)).float() - score).abs().mean()
+    noun_swap = (roots(swapped, owner)[1] - score).abs().mean()
     net.train(was)
     return {"caption_gap_sigma": float(gap), "noun_swap": float(noun_swap), "image_swap": float(image_swap),
             "noun_to_image": float(noun_swap / image_swap.clamp(min=1e-12))}

@@ -84,7 +84,7 @@ def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mas
 
 def _node_scores(net, batch, regions, region_mask, pair_image, pair_caption, max_height=None):
     table, ptr = net.compose(batch, regions, region_mask, pair_image, pair_caption, max_height=max_height)
-    return net.score(table), ptr
+    return net.node_scores(table, ptr, regions, region_mask, pair_image), ptr
 
 
 def phrase_hits(top_image: torch.Tensor, denotation_ptr: torch.Tensor, denotation: torch.Tensor) -> torch.Tensor:

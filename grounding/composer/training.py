@@ -271,7 +271,7 @@ class ComposerTraining(RegionRetrievalModule):
         pair_image = torch.cat([rows, rows, random_image, rows])
         pair_caption = torch.cat([rows, random_caption, rows, hard])
         table, ptr = self.net.compose(batch, regions, region_mask, pair_image, pair_caption)
-        s = self.net.score(table)
+        s = self.net.node_scores(table, ptr, regions, region_mask, pair_image)
         root = batch["caption_root"]
         scores = s[ptr[:-1] + root[pair_caption]].view(4, b).T  # (B, 4): positive, then the 3 negatives
         losses = {"match": match_nll(scores)}

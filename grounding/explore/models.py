@@ -385,9 +385,10 @@ class CrossModel(ExplorerModel):
         batch, graph = texts_batch([query], self.tokenizer, self.backend, self.max_length)
         one = torch.tensor([image])
         with torch.inference_mode():
-            table, ptr = self.module.net.compose(batch, self.regions[one], self.region_mask[one], torch.zeros(1, dtype=torch.long),
-                                                 torch.zeros(1, dtype=torch.long))
-            scores = self.module.net.score(table).float()[ptr[0]:ptr[1]].tolist()
+            pair = torch.zeros(1, dtype=torch.long)
+            net = self.module.net
+            table, ptr = net.compose(batch, self.regions[one], self.region_mask[one], pair, pair)
+            scores = net.node_scores(table, ptr, self.regions[one], self.region_mask[one], pair).float()[ptr[0]:ptr[1]].tolist()
         concept = batch["node_concept"].tolist()
         text = [graph.concept_text[c] if c >= 0 else query for c in concept]
         children: dict[int, list[int]] = {i: [] for i in range(len(concept))}
