@@ -438,9 +438,9 @@ class Composer(RecordedNet):
     def node_scores(self, table: torch.Tensor, pair_ptr: torch.Tensor, regions: torch.Tensor, region_mask: torch.Tensor,
                     pair_image: torch.Tensor) -> torch.Tensor:
         """s of every row of a :meth:`compose` table, each concept scored against its pair's image."""
-        gates = self.image_gates(regions[pair_image], region_mask[pair_image])
+        gates = self.image_gates(regions, region_mask)  # once per image, not per pair
         if gates is not None:
-            gates = torch.repeat_interleave(gates, pair_ptr[1:] - pair_ptr[:-1], dim=0, output_size=len(table))
+            gates = torch.repeat_interleave(gates[pair_image], pair_ptr[1:] - pair_ptr[:-1], dim=0, output_size=len(table))
         return self.score(table, gates)
 
     # -------------------------------------------------------------------- recursion
@@ -513,7 +513,8 @@ class Composer(RecordedNet):
         """s(x, y) of each pair: the score of its caption's root concept."""
         table, pair_ptr = self.compose(batch, regions, region_mask, pair_image, pair_caption)
         root = pair_ptr[:-1] + batch["caption_root"].to(regions.device)[pair_caption]
-        return self.score(table[root], self.image_gates(regions[pair_image], region_mask[pair_image]))
+        gates = self.image_gates(regions, region_mask)
+        return self.score(table[root], None if gates is None else gates[pair_image])
 
 
 @torch.no_grad()
