@@ -197,3 +197,17 @@ def test_sampled_crg_writes_its_image_list(tmp_path, capsys, monkeypatch):
     assert main(["crg", "--captions", str(coco), "--captions-images", str(tmp_path / "crg" / "captions_images.txt"),
                  "--out", str(tmp_path / "again")]) == 0
     assert ConceptGraph.load(tmp_path / "again" / "crg.npz").image_names.tolist() == expected
+
+
+def test_fit_check_reports_init_diagnostics_and_train_recall_per_seed(tmp_path, capsys):
+    """`fit-check` (docs/composer.md's fit and init numbers): one line of init diagnostics, one of train R@1 per seed;
+    a folder that holds something else is one error line, exit 2."""
+    assert main(["fit-check", "--steps", "1", "--seeds", "0", "--out", str(tmp_path / "world")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("init (seed 0): caption_gap_sigma") and "noun_to_image" in lines[-2]
+    assert lines[-1].startswith("train text→image R@1 after 1 steps:") and "(seeds 0)" in lines[-1]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["fit-check", "--steps", "1", "--out", str(tmp_path / "other")]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"

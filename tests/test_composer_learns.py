@@ -8,14 +8,12 @@ import pytest
 import torch
 
 from grounding.composer.data import CaptionRoundsSampler
-from grounding.composer.diagnostics import fit_small, fit_world, init_diagnostics
+from grounding.composer.diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
 from grounding.composer.model import Composer
 from grounding.composer.training import ComposerTraining
 
-# composer_world.yaml's network (dropout off: the fit below is measured without it)
-WORLD_NET = dict(text_encoder="minilm", pt_layers=6, backbone="efficientnet_lite0", image_size=128, ct_layers=3, dim=128,
-                 heads=4, co_dim=128, co_heads=4, norm_first=True, dropout=0.0)
 LEARNS = dict(readout="mean", modulator_skip=True, child_skip=True)
+WORLD_NET = {k: v for k, v in WORLD_FIT_NET.items() if k not in LEARNS}  # the paper's reading of the same network
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@
     python -m grounding.composer evaluate-splits --config MODEL.yaml --ckpt CKPT --splits MCD_DIR [--out DIR]
                                                  [--rerank-top-k K] [--limit N]   # Fig. 4 (grounding/leaderboard/splits.py)
     python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6]  # Table 6 (cost.py)
+    python -m grounding.composer fit-check [--score-head image_gated] [--composition-scale G] [--seeds 0 1 2] [--steps 30]
+                                           # does COMPOSER fit 16 training images? (diagnostics.py)
 
 ``--config experiments/composer/<name>.yaml`` fills any option of crg / stats / mcd from a YAML file
 (keys are the option names with underscores, at the top level or under the command's name, as in
@@ -138,6 +140,13 @@ def build_argparser() -> ArgumentParser:
     cost.add_argument("--backend", default=None, choices=BACKENDS, help="parser of the caption (default: the config's)")
     cost.add_argument("--table6", action="store_true", help="also every (PT, CT) row of Table 6, next to the paper's")
     cost.add_argument("--out", type=Optional[str], default=None, help="also write the counts as JSON to this file")
+    fit = _subparser("fit-check", config=False)
+    fit.add_argument("--seeds", type=int, nargs="+", default=[0], help="one fit per seed (init diagnostics: the first)")
+    fit.add_argument("--steps", type=int, default=30, help="training batches of 16")
+    fit.add_argument("--score-head", default="linear", choices=["linear", "image_gated"], help="Composer's score_head")
+    fit.add_argument("--composition-scale", type=Optional[float], default=None, help="Composer's composition_scale")
+    fit.add_argument("--text-encoder", default="minilm", help="the Predicate Transformer's encoder")
+    fit.add_argument("--out", type=str, default=".cache/composer/fit_check_world", help="where the generated world goes")
     for name, p, help_ in [
         ("crg", crg, "parse captions, build the Concept & Relation Graph, print Table 1 stats"),
         ("stats", st, "Table 1 columns of a saved graph or of a caption file"),
@@ -146,6 +155,7 @@ def build_argparser() -> ArgumentParser:
         ("check-parser", chk, "say whether a parser backend is usable here (and how to install it)"),
         ("evaluate-splits", ev, "test a trained checkpoint on the MCD split and every graded split; table + Fig. 4"),
         ("cost", cost, "Table 6: parameters per part and FLOPs per (image, caption) pair of a model config"),
+        ("fit-check", fit, "init diagnostics and train text→image R@1 after a short fit on 16 generated images, per seed"),
     ]:
         sub.add_subcommand(name, p, help=help_)
         if name in CONFIG_COMMANDS:  # after add_subcommand, which gives a subcommand its parent's mode
@@ -251,6 +261,34 @@ def _cost(args) -> int:
     return 0
 
 
+def _fit_check(args) -> int:
+    """``fit-check``: :func:`~grounding.composer.diagnostics.init_diagnostics` (first seed) and ``fit_small``'s train
+    text→image R@1 for every seed, composer_world.yaml's network and training options (new layers at 5 × lr 1e-4,
+    ℓ_MVSA / ℓ_order averaged per caption) with the given switches (docs/composer.md, "Does it learn?")."""
+    import torch  # here, not at the top: torch and the network load only for this command
+
+    from .diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
+    from .model import Composer
+    from .training import ComposerTraining
+
+    net_args = {**WORLD_FIT_NET, "score_head": args.score_head, "composition_scale": args.composition_scale,
+                "text_encoder": args.text_encoder}
+    dm = fit_world(_expand(args.out), n_images=16, text_encoder=args.text_encoder, image_size=net_args["image_size"])
+    recall = []
+    for i, seed in enumerate(args.seeds):
+        torch.manual_seed(seed)
+        net = Composer(**net_args)
+        if i == 0:
+            init = init_diagnostics(net, dm)
+            print(f"init (seed {seed}): " + ", ".join(f"{k} {v:.3f}" for k, v in init.items()), flush=True)
+        module = ComposerTraining(net, concept_reduction="mean", new_layer_lr_scale=5.0, feature_cache=False)
+        recall.append(fit_small(module, dm, steps=args.steps, lr=1e-4, seed=seed)["t2i_r1"])
+    sd = float(np.std(recall, ddof=1)) if len(recall) > 1 else 0.0
+    print(f"train text→image R@1 after {args.steps} steps: {' / '.join(f'{r:.1f}' for r in recall)} "
+          f"(seeds {' '.join(map(str, args.seeds))}): {np.mean(recall):.1f} ± {sd:.1f}")
+    return 0
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -295,6 +333,8 @@ def main(argv=None) -> int:
             return 0
         if args.command == "cost":
             return _cost(args)
+        if args.command == "fit-check":
+            return _fit_check(args)
         if args.command == "crg":
             _need(args, "captions", "out")
             t0 = time.perf_counter()
@@ -335,7 +375,7 @@ def main(argv=None) -> int:
             print(f"{s['windows']['n']} sliding windows span CD {s['windows']['compound_divergence_min']:.4f}–"
                   f"{s['windows']['compound_divergence_max']:.4f}; wrote {len(s['graded'])} graded splits under {out / 'graded'}")
             return 0
-    except (UsageError, CaptionFileError, ParserUnavailableError, FileNotFoundError, ValueError) as e:
+    except (UsageError, CaptionFileError, ParserUnavailableError, FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 1

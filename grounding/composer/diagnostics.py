@@ -9,8 +9,8 @@
   captions against the training images, scored by the module's own evaluation (``score_caption_batch``).
 
 Both run on any :class:`grounding.composer.data.ComposerDataModule`; :func:`fit_world` makes the usual one, a world
-with ``n_images`` training images (and 2 val, 2 test). ``python -m grounding.composer fit-check`` runs them from a
-config (docs/composer.md).
+with ``n_images`` training images (and 2 val, 2 test). ``python -m grounding.composer fit-check`` runs both over
+seeds with composer_world.yaml's network (:data:`WORLD_FIT_NET`) and any of its switches (docs/composer.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ from grounding.retrieval_metrics import retrieval_metrics
 
 from .data import ComposerDataModule, collate_visual
 from .model import Composer
+
+# composer_world.yaml's network with dropout off (the fit is measured without it), its switches that make content reach
+# the root included: the network of docs/composer.md's fit and init measurements and of tests/test_composer_learns.py
+WORLD_FIT_NET = dict(text_encoder="minilm", pt_layers=6, backbone="efficientnet_lite0", image_size=128, ct_layers=3, dim=128,
+                     heads=4, co_dim=128, co_heads=4, norm_first=True, dropout=0.0, readout="mean", modulator_skip=True,
+                     child_skip=True)
 
 
 def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: int = 128, batch_size: int = 16,
@@ -147,3 +153,4 @@ def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
     net.train(was)
     return {"caption_gap_sigma": float(gap), "noun_swap": float(noun_swap), "image_swap": float(image_swap),
             "noun_to_image": float(noun_swap / image_swap.clamp(min=1e-12))}
+
