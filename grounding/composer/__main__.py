@@ -267,8 +267,13 @@ def _fit_check(args) -> int:
     ℓ_MVSA / ℓ_order averaged per caption) with the given switches (docs/composer.md, "Does it learn?")."""
     import torch  # here, not at the top: torch and the network load only for this command
 
+    # (the same: these load torch, transformers and Lightning)
     from .diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
+
+    # (the same)
     from .model import Composer
+
+    # (the same)
     from .training import ComposerTraining
 
     net_args = {**WORLD_FIT_NET, "score_head": args.score_head, "composition_scale": args.composition_scale,
