@@ -137,7 +137,8 @@ class GroundingCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--overwrite", type=bool, default=False,
-                            help="fit: replace the run in --trainer.default_root_dir even when its config.yaml differs")
+                            help="fit: replace the run in --trainer.default_root_dir even when its config.yaml differs "
+                                 "(with --ckpt_path: resume it under model/data values that differ, on purpose)")
         parser.add_argument("--allow_eval_overlap", type=bool, default=False,
                             help="evaluate even on images that a checkpoint of the init_from chain trained on (a "
                                  "warning instead of the error; grounding/training_images.py)")

@@ -7,6 +7,10 @@
   (``config.yaml`` differs in a value both configs set) is refused unless it resumes that run (``--ckpt_path``) or
   ``--overwrite true`` is given, which moves the earlier run to ``<root>/replaced/<time>/``. The same config again
   (``make`` rerun) proceeds.
+* **One config a run.** Resuming (``--ckpt_path``) is refused when the config differs from the run's ``config.yaml``
+  in what it trains (a ``model.`` or ``data.`` value): the run's later epochs would train another model than its
+  first ones while its records name one config. Trainer settings (``max_epochs`` to extend a schedule, devices)
+  may change; ``--overwrite true`` accepts the change on purpose.
 * **Beside, never over.** ``fit`` writes ``config.yaml``; ``test`` / ``validate`` / ``predict`` write
   ``config.<command>.yaml`` and ``metrics.<command>.json``; all atomically, on rank 0.
 """
@@ -104,12 +108,20 @@ def check_writable_folder(root: str | os.PathLike) -> Path:
     return path
 
 
+# What a run trains: a resume may not change these (config_differences' keys, by their first part).
+TRAINED_SECTIONS = ("model", "data")
+
+
 def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, overwrite: bool) -> None:
     """Refuse a fit into a folder holding another config's checkpoints (see the module docstring); with
-    ``overwrite`` the earlier run is set aside (:func:`set_aside`) instead."""
+    ``overwrite`` the earlier run is set aside (:func:`set_aside`) instead. A resume is refused when the config
+    differs from the run's in what it trains (:data:`TRAINED_SECTIONS`), unless ``overwrite``."""
     root = Path(root)
     old_file = root / FIT_CONFIG
-    if resuming or not any((root / "checkpoints").glob("*.ckpt")):
+    if resuming:
+        _check_resume(old_file, new_config, overwrite)
+        return
+    if not any((root / "checkpoints").glob("*.ckpt")):
         return
     try:
         old = yaml.safe_load(old_file.read_text(encoding="utf-8"))
@@ -129,6 +141,25 @@ def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, 
     raise RunFolderError(f"{root} holds the checkpoints of another run ({why}). Fix: give a new "
                          "--trainer.default_root_dir, resume that run with --ckpt_path last, or pass --overwrite true "
                          "to replace it.")
+
+
+def _check_resume(old_file: Path, new_config: dict, overwrite: bool) -> None:
+    try:
+        old = yaml.safe_load(old_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # a checkpoint from elsewhere, or a run without its record: nothing to compare with
+    if not isinstance(old, dict):
+        return
+    diff = [k for k in config_differences(old, new_config) if k.split(".")[0] in TRAINED_SECTIONS]
+    if not diff:
+        return
+    what = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+    if overwrite:
+        print(f"--overwrite: resuming the run of {old_file} under a config that differs in {what}", file=sys.stderr)
+        return
+    raise RunFolderError(f"Resuming the run of {old_file} with a config that differs in {what}: its later epochs would "
+                         "train another model than its first. Fix: resume with the run's own config, fit into a new "
+                         "--trainer.default_root_dir, or pass --overwrite true to resume under the new values on purpose.")
 
 
 class RunLock:

@@ -37,7 +37,7 @@ def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
     with pytest.raises(RunFolderError, match=r"model\.lr.*--trainer.default_root_dir.*--ckpt_path last.*--overwrite"):
         check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=False, overwrite=False)
-    check_fit_target(tmp_path, {"model": {"lr": 2}}, resuming=True, overwrite=False)
+    check_fit_target(tmp_path, {"model": {"lr": 1}, "trainer": {"max_epochs": 9}}, resuming=True, overwrite=False)
     (tmp_path / "config.yaml").write_text("model: [unclosed")  # unreadable: cannot show it is the same run
     with pytest.raises(RunFolderError, match="config.yaml is unreadable"):
         check_fit_target(tmp_path, {"model": {"lr": 1}}, resuming=False, overwrite=False)
@@ -45,6 +45,27 @@ def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_
     [aside] = (tmp_path / "replaced").iterdir()
     assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"x" and (aside / "config.yaml").is_file()
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "config.yaml").exists()
+
+
+def test_a_resume_keeps_what_the_run_trains(tmp_path, capsys):
+    """Resuming under other model/data values would train the run's later epochs as another model: refused;
+    trainer settings (a longer schedule) may change, and --overwrite accepts the change on purpose."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    old = {"model": {"init_args": {"mvsa_max_concepts": None, "lr": 1}}, "data": {"seed": 0},
+           "trainer": {"max_epochs": 8}, "seed_everything": 0}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    longer = {**old, "trainer": {"max_epochs": 16}}
+    check_fit_target(tmp_path, longer, resuming=True, overwrite=False)
+    for changed, key in [({**old, "model": {"init_args": {"mvsa_max_concepts": 2, "lr": 1}}}, "model.init_args.mvsa_max_concepts"),
+                         ({**old, "data": {"seed": 1}}, "data.seed")]:
+        with pytest.raises(RunFolderError, match=rf"differs in {key}: .*own config.*--overwrite true"):
+            check_fit_target(tmp_path, changed, resuming=True, overwrite=False)
+        check_fit_target(tmp_path, changed, resuming=True, overwrite=True)
+        assert f"differs in {key}" in capsys.readouterr().err
+    assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"x"  # nothing set aside by a resume
+    (tmp_path / "config.yaml").unlink()  # a checkpoint without its run's record: nothing to compare with
+    check_fit_target(tmp_path, longer, resuming=True, overwrite=False)
 
 
 def test_lock_refuses_a_live_owner_and_takes_over_a_dead_ones(tmp_path, capsys):
