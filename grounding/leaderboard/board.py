@@ -635,7 +635,8 @@ def _rsum_cell(row: dict) -> str:
 def _medr_cell(row: dict) -> str:
     if row.get("t2i_medr") is None:
         return "–"
-    return f"{row['t2i_medr']:g} / {row['i2t_medr']:g}"
+    # a mean over seeds to one decimal (5.7, not 5.66667); a single run's integer rank as it is
+    return f"{round(row['t2i_medr'], 1):g} / {round(row['i2t_medr'], 1):g}"
 
 
 def markdown_table(rows: list[dict], test_set: TestSet) -> str:
