@@ -35,7 +35,7 @@ LOCK_FILE = ".lock"
 FIT_CONFIG = "config.yaml"
 IGNORED_KEYS = ("ckpt_path", "overwrite", "allow_eval_overlap")  # how a fit starts, not what it trains
 # How a model is evaluated, not what it trains (any nesting): evaluation block sizes.
-EVALUATION_ONLY_KEYS = ("eval_image_chunk", "eval_text_chunk")
+EVALUATION_ONLY_KEYS = ("eval_image_chunk", "eval_text_chunk", "eval_pair_chunk")
 
 
 class RunFolderError(UserInputError):

@@ -52,11 +52,14 @@ def test_a_resume_keeps_what_the_run_trains(tmp_path, capsys):
     trainer settings (a longer schedule) may change, and --overwrite accepts the change on purpose."""
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    old = {"model": {"init_args": {"mvsa_max_concepts": None, "lr": 1}}, "data": {"seed": 0},
+    old = {"model": {"init_args": {"mvsa_max_concepts": None, "lr": 1, "eval_pair_chunk": 2048}}, "data": {"seed": 0},
            "trainer": {"max_epochs": 8}, "seed_everything": 0}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     longer = {**old, "trainer": {"max_epochs": 16}}
     check_fit_target(tmp_path, longer, resuming=True, overwrite=False)
+    # an evaluation block size (the cross-encoders' pairs at a time) does not change what trains
+    check_fit_target(tmp_path, {**old, "model": {"init_args": {"mvsa_max_concepts": None, "lr": 1, "eval_pair_chunk": 512}}},
+                     resuming=True, overwrite=False)
     for changed, key in [({**old, "model": {"init_args": {"mvsa_max_concepts": 2, "lr": 1}}}, "model.init_args.mvsa_max_concepts"),
                          ({**old, "data": {"seed": 1}}, "data.seed")]:
         with pytest.raises(RunFolderError, match=rf"differs in {key}: .*own config.*--overwrite true"):
