@@ -236,6 +236,25 @@ semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness
 	$(call link_best,$(SEMANTIC_FLICKR8K_SMALL))
 	$(PY) -m grounding.semantic_space --config $(SEMANTIC_FLICKR8K_CONFIG) $(EVALUATE_ARGS)
 
+# Issue 29's seeds: stage 1 on the 6,000 photos again with each seed of SEMANTIC_FLICKR8K_SEEDS
+# (outputs/vgbert/stage1_flickr8k_full_seed<N>, the folders the leaderboard's VG-BERT row averages; fit when missing,
+# ~1.5-2.5 h each on 2 CPU cores), each seed's report against MiniLM (experiments/semantic_space/flickr8k_full_seed<N>.yaml),
+# then every measure's move as mean +- sd over the seeds, with each seed's paired interval
+# (reports/semantic_space/flickr8k_full_seeds/seeds.md). Seed 0 is `make semantic-space-flickr8k`'s model.
+SEMANTIC_FLICKR8K_SEEDS ?= 1 2
+semantic-space-flickr8k-seeds: install  ## VG-BERT semantic space over 3 stage-1 seeds on the 6,000 photos: each seed's report, then mean +- sd of every move (fits what is missing)
+	@test -f reports/semantic_space/flickr8k_full/intervals.csv || $(MAKE) --no-print-directory semantic-space-flickr8k
+	@set -e; for seed in $(SEMANTIC_FLICKR8K_SEEDS); do run=$(SEMANTIC_FLICKR8K_STAGE1)_seed$$seed; \
+	  ls $$run/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "no stage-1 checkpoint in $$run: fitting seed $$seed"; \
+	    $(CLI) fit --config experiments/vgbert/stage1_flickr8k_full.yaml --seed_everything $$seed --data.init_args.seed $$seed \
+	      --trainer.default_root_dir $$run; }; \
+	  ln -f $$(ls -t $$run/checkpoints/best-*.ckpt | head -1) $$run/checkpoints/.best.ckpt.tmp && \
+	    mv -f $$run/checkpoints/.best.ckpt.tmp $$run/checkpoints/best.ckpt; \
+	  $(PY) -m grounding.semantic_space --config experiments/semantic_space/flickr8k_full_seed$$seed.yaml $(EVALUATE_ARGS); done
+	$(PY) -m grounding.semantic_space.seeds --seed reports/semantic_space/flickr8k_full "Grounded (6,000 photos)" \
+	  $(foreach s,$(SEMANTIC_FLICKR8K_SEEDS),--seed reports/semantic_space/flickr8k_full_seed$(s) "Grounded (6,000 photos, seed $(s))") \
+	  --out reports/semantic_space/flickr8k_full_seeds
+
 demo-evaluate: install  ## semantic-space report on the demo's stage-1/stage-2 checkpoints vs MiniLM (reports/semantic_space_demo)
 	$(call made_first,$(call report_ckpts,$(DEMO_EVALUATE_CONFIG)))
 	$(PY) -m grounding.semantic_space --config $(DEMO_EVALUATE_CONFIG) $(EVALUATE_ARGS)

@@ -480,3 +480,87 @@ def test_report_intervals_and_word_similarity(tmp_path, monkeypatch):
     none = run_report({"models": ["tiny-random"], "semcat": str(sem), "parts": ["clustering"], "out": str(tmp_path / "r2"),
                        "embedding": {"vocabulary_sample": 64, "cache": False}, "intervals_part": {"n_resamples": 0}})
     assert not (none / "intervals.csv").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds: one grounded model trained several times, summarised over its reports
+# --------------------------------------------------------------------------------------------
+def _intervals_csv(path, model, rows, reference="MiniLM"):
+    """A report's intervals.csv: rows of (measure, reference value, model value, Δ low, Δ high)."""
+    import pandas as pd
+
+    path.mkdir(parents=True)
+    records = []
+    for measure, ref, value, low, high in rows:
+        records.append(dict(measure=measure, units="items", n_units=10, model=reference, value=ref, low=ref - .1,
+                            high=ref + .1, diff=0.0, diff_low=0.0, diff_high=0.0))
+        records.append(dict(measure=measure, units="items", n_units=10, model=model, value=value, low=value - .1,
+                            high=value + .1, diff=value - ref, diff_low=low, diff_high=high))
+    pd.DataFrame(records).to_csv(path / "intervals.csv", index=False)
+    return path
+
+
+def test_seeds_summary_by_hand(tmp_path, capsys):
+    """Three seeds: Δ's mean and sample sd by hand, and each measure's verdict from its seeds' paired intervals."""
+    import pandas as pd
+
+    from grounding.semantic_space.seeds import main, summarise
+
+    rows = {  # measure: (reference, [grounded value per seed], [(Δ low, Δ high) per seed])
+        "silhouette (categories)": (0.1, [0.13, 0.12, 0.14], [(0.01, 0.05), (0.005, 0.03), (0.02, 0.06)]),
+        "concreteness r (entries)": (0.6, [0.4, 0.3, 0.35], [(-0.3, -0.1), (-0.4, -0.2), (-0.3, -0.2)]),
+        "word similarity: MEN": (0.7, [0.72, 0.69, 0.71], [(0.01, 0.03), (-0.02, 0.0), (-0.01, 0.03)]),
+    }
+    seeds = []
+    for i in range(3):
+        name = f"Grounded, seed {i}"
+        path = _intervals_csv(tmp_path / f"r{i}", name, [(m, ref, v[i], *ci[i]) for m, (ref, v, ci) in rows.items()])
+        seeds.append((path if i else path / "intervals.csv", name))  # a folder or the file itself
+    summary = summarise(seeds).set_index("measure")
+    assert list(summary.index) == list(rows)
+    sil = summary.loc["silhouette (categories)"]
+    assert sil.diff_mean == pytest.approx(0.03) and sil.diff_sd == pytest.approx(0.01)  # Δ = .03, .02, .04
+    assert sil.value_mean == pytest.approx(0.13) and sil.reference_sd == pytest.approx(0.0)
+    assert (sil.seeds_up, sil.seeds_down) == (3, 0)
+    con = summary.loc["concreteness r (entries)"]
+    assert con.diff_mean == pytest.approx(-0.25) and con.diff_sd == pytest.approx(0.05)  # Δ = -.2, -.3, -.25
+    assert (con.seeds_up, con.seeds_down) == (0, 3)
+    men = summary.loc["word similarity: MEN"]
+    assert (men.seeds_up, men.seeds_down) == (1, 0)  # (-0.02, 0.0) touches 0: not below it
+    assert men.diff_seed1 == pytest.approx(-0.01) and men.diff_low_seed1 == pytest.approx(-0.02)
+
+    out = tmp_path / "seeds"
+    argv = [a for path, name in seeds for a in ("--seed", str(path), name)] + ["--out", str(out)]
+    assert main(argv) == 0
+    md = (out / "seeds.md").read_text()
+    assert "| silhouette (categories) | 10 items | 0.100 ± 0.000 | 0.130 ± 0.010 | 0.030 ± 0.010 |" in md
+    assert "consistent up" in md and "consistent down" in md and "1 up, 0 down, 2 include 0" in md
+    assert pd.read_csv(out / "seeds.csv").seeds.tolist() == [3, 3, 3]
+    one = summarise(seeds[:1]).set_index("measure")  # one seed: no sd
+    assert np.isnan(one.loc["silhouette (categories)", "diff_sd"])
+
+
+def test_seeds_summary_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    a = _intervals_csv(tmp_path / "a", "G0", [("silhouette (categories)", 0.1, 0.12, 0.01, 0.03)])
+    b = _intervals_csv(tmp_path / "b", "G1", [("silhouette (categories)", 0.1, 0.12, 0.01, 0.03)], reference="Bert")
+    c = _intervals_csv(tmp_path / "c", "G2", [("word similarity: MEN", 0.7, 0.72, 0.01, 0.03)])
+    (tmp_path / "bad.csv").write_text("measure,model\nx,y\n")
+    (tmp_path / "file").write_text("keep me")
+    cases = [(["--seed", str(a), "G9"], "no grounded model named 'G9'"),
+             (["--seed", str(a), "MiniLM"], "no grounded model named 'MiniLM'"),
+             (["--seed", str(tmp_path / "none"), "G0"], "no such file"),
+             (["--seed", str(tmp_path / "bad.csv"), "G0"], "columns"),
+             (["--seed", str(a), "G0", "--seed", str(b), "G1"], "different reference models"),
+             (["--seed", str(a), "G0", "--seed", str(c), "G2"], "measures differ"),
+             (["--seed", str(a), "G0", "--out", str(tmp_path / "file")], "a file is in the way")]
+    for argv, needle in cases:
+        argv = argv + ([] if "--out" in argv else ["--out", str(tmp_path / "out")])
+        done = subprocess.run([sys.executable, "-m", "grounding.semantic_space.seeds", *argv], capture_output=True,
+                              text=True)
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()  # the error, then the suite's GROUNDING_DEBUG hint
+        assert len(lines) <= 2 and needle in lines[0] and "Traceback" not in done.stderr, (argv, done.stderr)
+    assert (tmp_path / "file").read_text() == "keep me" and not (tmp_path / "out").exists()
