@@ -533,7 +533,7 @@ def test_seeds_summary_by_hand(tmp_path, capsys):
     argv = [a for path, name in seeds for a in ("--seed", str(path), name)] + ["--out", str(out)]
     assert main(argv) == 0
     md = (out / "seeds.md").read_text()
-    assert "| silhouette (categories) | 10 items | 0.100 ± 0.000 | 0.130 ± 0.010 | 0.030 ± 0.010 |" in md
+    assert "| silhouette (categories) | 10 items | 0.100 ± 0.000 | 0.130 ± 0.010 | +0.030 ± 0.010 |" in md
     assert "consistent up" in md and "consistent down" in md and "1 up, 0 down, 2 include 0" in md
     assert pd.read_csv(out / "seeds.csv").seeds.tolist() == [3, 3, 3]
     one = summarise(seeds[:1]).set_index("measure")  # one seed: no sd

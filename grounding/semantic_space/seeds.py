@@ -115,8 +115,8 @@ def verdict(up: int, down: int, n: int) -> str:
 
 
 def markdown(summary: pd.DataFrame, seeds: list[tuple[str | Path, str]], reference: str) -> str:
-    def pm(mean, sd):
-        return f"{mean:.3f}" if not np.isfinite(sd) else f"{mean:.3f} ± {sd:.3f}"
+    def pm(mean, sd, sign=""):
+        return f"{mean:{sign}.3f}" if not np.isfinite(sd) else f"{mean:{sign}.3f} ± {sd:.3f}"
 
     n = len(seeds)
     head = ["measure", "units", reference, "grounded", "Δ mean ± sd"] + [f"Δ seed {i} [95 % CI]" for i in range(n)] + \
@@ -130,7 +130,7 @@ def markdown(summary: pd.DataFrame, seeds: list[tuple[str | Path, str]], referen
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in summary.iterrows():
         cells = [r["measure"], f"{int(r['n_units'])} {r['units']}", pm(r["reference_mean"], r["reference_sd"]),
-                 pm(r["value_mean"], r["value_sd"]), pm(r["diff_mean"], r["diff_sd"])]
+                 pm(r["value_mean"], r["value_sd"]), pm(r["diff_mean"], r["diff_sd"], "+")]
         cells += [f"{r[f'diff_seed{i}']:+.3f} [{r[f'diff_low_seed{i}']:+.3f}, {r[f'diff_high_seed{i}']:+.3f}]"
                   for i in range(n)]
         cells += [verdict(int(r["seeds_up"]), int(r["seeds_down"]), n),
