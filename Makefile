@@ -238,7 +238,7 @@ semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness
 
 # Issue 29's seeds: stage 1 on the 6,000 photos again with each seed of SEMANTIC_FLICKR8K_SEEDS
 # (outputs/vgbert/stage1_flickr8k_full_seed<N>, the folders the leaderboard's VG-BERT row averages; fit when missing,
-# ~1.5-2.5 h each on 2 CPU cores), each seed's report against MiniLM (experiments/semantic_space/flickr8k_full_seed<N>.yaml),
+# ~45 min each on 2 idle CPU cores, 3-4x that beside other jobs), each seed's report against MiniLM (experiments/semantic_space/flickr8k_full_seed<N>.yaml),
 # then every measure's move as mean +- sd over the seeds, with each seed's paired interval
 # (reports/semantic_space/flickr8k_full_seeds/seeds.md). Seed 0 is `make semantic-space-flickr8k`'s model.
 SEMANTIC_FLICKR8K_SEEDS ?= 1 2
