@@ -17,7 +17,7 @@ from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
 from grounding.paths import resolve_path
 from grounding.training_images import checkpoint_training_keys, file_key, key_set, overlapping, parse_key
 
-from .captions import SPLITS, CaptionDataset, CaptionSplit, EpochSampler
+from .captions import CAPTIONS_PER_EPOCH, SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler
 from .collate import CaptionEvalCollate, CaptionTrainCollate
 from .errors import WORLD_HINT, MalformedDataError, MissingDataError, check_images_exist, require_file, require_root
 from .images import build_transform
@@ -188,6 +188,8 @@ class CaptionDataModule(GroundingDataModule):
     they were built from trained on) or image lists (one key a line: ``coco:397133``, ``flickr:<id>``,
     ``vg:<id>``, ``file:<name>``) whose images leave the val and test splits (before the subsets), so a stage
     built from an earlier one is evaluated on held-out images (grounding.training_images).
+    ``captions_per_epoch``: ``one`` (a seeded draw of one caption per image an epoch) or ``all`` (every caption of
+    every training image once an epoch, in rounds: :class:`~data_modules.captions.CaptionRoundsSampler`).
     """
 
     dataset_name = "captions"
@@ -200,9 +202,14 @@ class CaptionDataModule(GroundingDataModule):
                  resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
                  std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
                  drop_last: bool = False, train_subset: int | None = None, test_subset: int | None = None,
-                 val_subset: int | None = None, exclude_eval_images: list[str] | str | None = None):
+                 val_subset: int | None = None, exclude_eval_images: list[str] | str | None = None,
+                 captions_per_epoch: str = "one"):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last)
+        if captions_per_epoch not in CAPTIONS_PER_EPOCH:
+            raise ValueError(f"{type(self).__name__}: captions_per_epoch must be one of {CAPTIONS_PER_EPOCH}; "
+                             f"got {captions_per_epoch!r}")
+        self.captions_per_epoch = captions_per_epoch
         self.train_subset = train_subset
         self.test_subset = test_subset
         self.val_subset = val_subset
@@ -269,5 +276,7 @@ class CaptionDataModule(GroundingDataModule):
         return cls(self.tokenizer, self.max_length)
 
     def _train_sampler(self, dataset: CaptionDataset) -> Sampler:
+        if self.captions_per_epoch == "all":
+            return CaptionRoundsSampler(np.array(dataset.num_captions), range(len(dataset)), seed=self.seed)
         return EpochSampler(len(dataset), shuffle=True, seed=self.seed, num_choices=dataset.num_captions)
 

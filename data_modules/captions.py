@@ -18,6 +18,9 @@ from grounding.training_images import file_key
 from .images import ImageDataset
 
 SPLITS = ("train", "val", "test")
+# a training epoch: every caption of every image once (``all``, as COMPOSER, VSE++ and CLIP-style papers train) or one
+# caption drawn per image (``one``)
+CAPTIONS_PER_EPOCH = ("all", "one")
 
 
 @dataclass
@@ -124,6 +127,43 @@ class EpochSampler(Sampler):
             return
         choice = (torch.rand(self.size, generator=g) * self.num_choices).long()
         yield from zip(order.tolist(), choice[order].tolist())
+
+
+class CaptionRoundsSampler(Sampler):
+    """Every caption of every kept image (COMPOSER: every decomposed one) once an epoch, as (image, choice) items
+    (``captions_per_epoch: all``): round r holds each image with more than r captions once, in a seeded random
+    order, with its r-th caption of a per-epoch seeded permutation (``choice mod n``); ``choice div n`` is a
+    uniform draw below ``hard_draws`` (COMPOSER's hard-negative key of ``hard_negatives: pool``). Rounds follow
+    each other, so only a batch straddling two rounds can hold an image twice. Epoch e is seeded by (seed, e),
+    like :class:`EpochSampler`."""
+
+    def __init__(self, counts: np.ndarray, keep, hard_draws: np.ndarray | int = 1, seed: int = 0):
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.keep = np.asarray(sorted(keep), dtype=np.int64)
+        self.hard_draws = np.broadcast_to(np.asarray(hard_draws, dtype=np.int64), self.counts.shape)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return int(self.counts[self.keep].sum())
+
+    def __iter__(self):
+        rng = np.random.default_rng([int(self.seed), self.epoch])
+        self.epoch += 1
+        n = self.counts[self.keep]
+        image = np.repeat(self.keep, n)
+        slot = np.arange(len(image)) - np.repeat(np.cumsum(n) - n, n)
+        # a random round per caption: a per-image permutation of its slots (sort random keys within each image)
+        order = np.lexsort((rng.random(len(image)), image))
+        rounds = np.empty(len(image), dtype=np.int64)
+        rounds[order] = slot
+        # rounds in order; inside a round the images in a random order
+        sequence = np.lexsort((rng.random(len(image)), rounds))
+        hard = (rng.random(len(image)) * self.hard_draws[image]).astype(np.int64)
+        choice = slot + self.counts[image] * hard
+        yield from zip(image[sequence].tolist(), choice[sequence].tolist())
 
 
 def group_captions(pairs: Iterable[tuple[Any, str]]) -> dict[Any, list[str]]:

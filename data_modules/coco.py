@@ -57,10 +57,12 @@ class CocoCaptionsDataModule(CaptionDataModule):
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
                  seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
                  train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None,
-                 exclude_eval_images: list[str] | str | None = None):
+                 exclude_eval_images: list[str] | str | None = None,
+                 captions_per_epoch: str = "one"):
         super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
-                         val_subset=val_subset, exclude_eval_images=exclude_eval_images)
+                         val_subset=val_subset, exclude_eval_images=exclude_eval_images,
+                         captions_per_epoch=captions_per_epoch)
         if layout not in ("official", "karpathy"):
             raise ValueError(f"CocoCaptionsDataModule: layout must be 'official' or 'karpathy', not {layout!r}")
         self.coco_layout = layout

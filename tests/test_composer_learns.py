@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from grounding.composer.data import CaptionRoundsSampler
+from data_modules.captions import CaptionRoundsSampler
 from grounding.composer.diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
 from grounding.composer.model import Composer
 from grounding.composer.training import ComposerTraining

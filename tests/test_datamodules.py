@@ -212,6 +212,24 @@ def test_caption_sampling_is_seeded_and_varies_by_epoch(tmp_path):
     assert captions(0, 1) != a and captions(1, 0) != a
 
 
+def test_every_caption_once_an_epoch_with_captions_per_epoch_all(tmp_path):
+    write_flickr_karpathy(tmp_path)
+
+    def pairs(epoch, **kw):
+        dm = FlickrDataModule(root=str(tmp_path), **SMALL, **kw)
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        return dm, [(int(i), c) for b in loader for i, c in zip(b["image_index"], b["captions"])]
+
+    dm, a = pairs(0, captions_per_epoch="all")
+    expected = sorted((i, c) for i, cs in enumerate(dm.train_dataset.captions) for c in cs)
+    assert len(expected) > len(dm.train_dataset) and sorted(a) == expected  # each (image, caption) exactly once
+    assert pairs(0, captions_per_epoch="all")[1] == a and pairs(1, captions_per_epoch="all")[1] != a
+    assert len(pairs(0)[1]) == len(dm.train_dataset)  # the default: one caption an image
+    with pytest.raises(ValueError, match="captions_per_epoch must be one of"):
+        FlickrDataModule(root=str(tmp_path), **SMALL, captions_per_epoch="every")
+
+
 def test_epoch_sampler_covers_captions_uniformly():
     sampler = EpochSampler(4, shuffle=True, seed=3, num_choices=[5, 1, 2, 3])
     seen = {i: set() for i in range(4)}

@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from data_modules.base import CaptionDataModule, GroundingDataModule
-from data_modules.captions import CaptionDataset, EpochSampler
+from data_modules.captions import CAPTIONS_PER_EPOCH, CaptionDataset, CaptionRoundsSampler, EpochSampler
 from data_modules.errors import MalformedDataError, MissingDataError
 from data_modules.formats import load_json
 from data_modules.regions import BoxStore, RegionStore
@@ -41,7 +41,6 @@ from .parsing import DEFAULT_BACKEND
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
-CAPTIONS_PER_EPOCH = ("all", "one")
 
 
 def _visual(images: CaptionDataset, regions: RegionStore | BoxStore | None, index: int) -> dict:
@@ -362,39 +361,3 @@ class _KeepSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         return (item for item in self.inner if item[0] in self.keep)
-
-
-class CaptionRoundsSampler(torch.utils.data.Sampler):
-    """Every decomposed caption of every kept image once an epoch, as (image, choice) items: round r holds each
-    image with more than r captions once, in a seeded random order, with its r-th caption of a per-epoch seeded
-    permutation (``choice mod n``); ``choice div n`` is a uniform draw below ``hard_draws`` (the hard-negative key of
-    ``hard_negatives: pool``). Rounds follow each other, so only a batch straddling two rounds can hold an image
-    twice. Epoch e is seeded by (seed, e), like :class:`EpochSampler`."""
-
-    def __init__(self, counts: np.ndarray, keep, hard_draws: np.ndarray | int = 1, seed: int = 0):
-        self.counts = np.asarray(counts, dtype=np.int64)
-        self.keep = np.asarray(sorted(keep), dtype=np.int64)
-        self.hard_draws = np.broadcast_to(np.asarray(hard_draws, dtype=np.int64), self.counts.shape)
-        self.seed, self.epoch = seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self):
-        return int(self.counts[self.keep].sum())
-
-    def __iter__(self):
-        rng = np.random.default_rng([int(self.seed), self.epoch])
-        self.epoch += 1
-        n = self.counts[self.keep]
-        image = np.repeat(self.keep, n)
-        slot = np.arange(len(image)) - np.repeat(np.cumsum(n) - n, n)
-        # a random round per caption: a per-image permutation of its slots (sort random keys within each image)
-        order = np.lexsort((rng.random(len(image)), image))
-        rounds = np.empty(len(image), dtype=np.int64)
-        rounds[order] = slot
-        # rounds in order; inside a round the images in a random order
-        sequence = np.lexsort((rng.random(len(image)), rounds))
-        hard = (rng.random(len(image)) * self.hard_draws[image]).astype(np.int64)
-        choice = slot + self.counts[image] * hard
-        yield from zip(image[sequence].tolist(), choice[sequence].tolist())
