@@ -175,6 +175,41 @@ class RetrievalScores:
     caption_index: torch.Tensor
 
 
+def flat_order(scored: RetrievalScores) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scored``'s (images, captions) matrix with its columns in the split's flat caption order (image by image),
+    and each column's image."""
+    order = scored.caption_index.long().cpu()
+    scores = torch.empty(scored.scores.shape, dtype=torch.float32)
+    scores[:, order] = scored.scores.float().cpu()
+    caption_image = torch.empty(len(order), dtype=torch.long)
+    caption_image[order] = scored.caption_image.long().cpu()
+    return scores, caption_image
+
+
+def fuse_scores(members: list[RetrievalScores], weights: list[float] | None = None) -> RetrievalScores:
+    """Late fusion of several models' scores of one test split (an ensemble, as SCAN's t2i + i2t models): each
+    member's matrix standardised over all its entries (z-score: the members' scales differ, e.g. a dot product at a
+    learnt temperature, a cosine, a match map; an affine map keeps each member's own rankings), then their weighted
+    mean (equal weights by default). The standardisation reads no label: only the member's score distribution."""
+    if len(members) < 2:
+        raise ValueError(f"fusing scores needs at least 2 members; got {len(members)}")
+    weights = [1.0] * len(members) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(members) or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(f"weights must be {len(members)} non-negative numbers with a positive sum; got {weights}")
+    fused, reference = None, None
+    for member, weight in zip(members, weights):
+        scores, caption_image = flat_order(member)
+        if not torch.isfinite(scores).all():
+            raise ValueError("a member's scores are not all finite (a reranked matrix?); fuse exhaustive scores only")
+        if reference is None:
+            reference = caption_image
+        elif scores.shape[1] != len(reference) or not torch.equal(caption_image, reference):
+            raise ValueError("the members scored different test splits (their captions' images differ)")
+        z = (scores.double() - scores.double().mean()) / scores.double().std().clamp_min(1e-12)
+        fused = weight * z if fused is None else fused + weight * z
+    return RetrievalScores((fused / sum(weights)).float(), reference, torch.arange(len(reference)))
+
+
 # A first stage for a cross-encoder's rerank: another model's test scores on the same test split, as a file.
 FIRST_STAGE_FORMAT = 1
 

@@ -47,6 +47,20 @@ def test_leaderboard_yamls_name_configs_that_parse(path):
     ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x}]", "config` and `ckpt"),
     ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
      " {name: x, command: make y, config: c, ckpt: k}]", "distinct"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: e, command: make e, ensemble: [x]}]", "2 or more distinct row names"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: e, command: make e, ensemble: [x, y]}]", "ensemble member 'y' must name a suite model listed before"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: y, command: make y, config: c, ckpt: k}, {name: e, command: make e, ensemble: [x, y], config: c}]",
+     "remove `config`"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: y, command: make y, config: c, ckpt: k}, {name: e, command: make e, ensemble: [x, y], weights: [1]}]",
+     "`weights` must be 2 non-negative numbers"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: x, command: make x, config: c, ckpt: k},"
+     " {name: y, command: make y, config: c, ckpt: k}, {name: e, command: make e, ensemble: [x, y]},"
+     " {name: z, command: make z, config: c, ckpt: k, first_stage: e, rerank_top_k: 2}]",
+     "first_stage 'e' must name a suite model"),
 ])
 def test_bad_leaderboard_yaml_is_one_line_and_exit_2(tmp_path, capsys, text, match):
     path = tmp_path / "board.yaml"
@@ -325,7 +339,12 @@ def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_p
                               "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt"),
                                               str(tmp_path / "seed2" / "checkpoints" / "last.ckpt")]},  # not made
                              {"name": "seed 0", "config": vse, "ckpt": first, "command": "make vse"},
-                             {"name": "seed 1", "config": vse, "ckpt": second, "command": "make vse"}]}
+                             {"name": "seed 1", "config": vse, "ckpt": second, "command": "make vse"},
+                             # ensembles: two seeds fused; a model fused with itself (its rankings, its seeds paired)
+                             {"name": "fused seeds", "ensemble": ["seed 0", "seed 1"], "command": "make vse"},
+                             {"name": "VSE again", "config": vse, "ckpt": first, "command": "make vse",
+                              "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt")]},
+                             {"name": "VSE twice", "ensemble": ["VSE", "VSE again"], "command": "make vse"}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
     from grounding.leaderboard import board as board_module
 
@@ -334,13 +353,23 @@ def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_p
     monkeypatch.setattr(board_module, "seed_mean_row", lambda runs, comp_r1, *a: given.append(comp_r1) or original(
         runs, comp_r1, *a))
     rows = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), log=lambda line: None)}
-    assert given == [[None, None]]
+    assert given[:2] == [[None, None]] * 2 and len(given) == 3  # VSE, VSE again, then the paired ensemble
     mean, a, b = rows["VSE"], rows["seed 0"], rows["seed 1"]
     assert mean["status"] == "ok" and mean["seeds"] == 2 and a["rsum"] != b["rsum"]
     for key in ("t2i_r1", "i2t_r5", "rsum", "compositional_r1"):  # the held-out-pair R@1 too, over both seeds
         assert mean[key] == pytest.approx((a[key] + b[key]) / 2)
     assert mean["rsum_sd"] == pytest.approx(abs(a["rsum"] - b["rsum"]) / 2 ** 0.5)
     assert mean["rsum_low"] <= mean["rsum"] <= mean["rsum_high"]
+    # an ensemble of a model with itself ranks as the model: seed i fused with seed i, the same mean, sd and seeds
+    twice, fused = rows["VSE twice"], rows["fused seeds"]
+    assert twice["status"] == "ok" and twice["seeds"] == 2
+    for key in ("t2i_r1", "i2t_r5", "rsum", "rsum_sd", "compositional_r1"):
+        assert twice[key] == pytest.approx(mean[key], abs=1e-6), key
+    assert twice["params_m"] == pytest.approx(2 * mean["params_m"]) and twice["epochs"] is None
+    assert twice["ms_per_query"] == pytest.approx(mean["ms_per_query"] + rows["VSE again"]["ms_per_query"])
+    # two seeds fused: one run (no seeds), its own interval, every column of a row
+    assert fused["status"] == "ok" and "seeds" not in fused and fused["rsum_low"] <= fused["rsum"] <= fused["rsum_high"]
+    assert fused["train_minutes"] == pytest.approx(a["train_minutes"] + b["train_minutes"])
     test_set = load_leaderboard(tmp_path / "board.yaml").test_set
     assert f"± {mean['rsum_sd']:.1f} (2 seeds)" in markdown_table(list(rows.values()), test_set)
     # the median ranks' mean over seeds to one decimal (a mean of 3 seeds once printed 5.66667)

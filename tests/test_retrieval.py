@@ -8,6 +8,7 @@ import torch
 
 from grounding.retrieval_metrics import (
     RetrievalScores,
+    fuse_scores,
     load_first_stage,
     place_reranked,
     rerank_pairs,
@@ -130,3 +131,31 @@ def test_first_stage_file_round_trip_and_refusal(tmp_path):
     (tmp_path / "bad.pt").write_text("not a tensor file")
     with pytest.raises(ValueError, match="not a first-stage score file"):
         load_first_stage(tmp_path / "bad.pt", 2, texts)
+
+
+def test_fused_scores_hand_computed():
+    """Member A in flat caption order; member B scored the captions in the other order (its column 0 is caption 1).
+    A's entries [1, 0, 0, 1]: mean 0.5, sd (n - 1) sqrt(1/3), z = +-sqrt(3)/2. B's in flat order [[3, 0], [0, 1]]:
+    mean 1, sd sqrt(2), z = [2, -1, -1, 0] / sqrt(2). The fusion is their mean, in flat order."""
+    a = RetrievalScores(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]), torch.tensor([0, 1]))
+    b = RetrievalScores(torch.tensor([[0.0, 3.0], [1.0, 0.0]]), torch.tensor([1, 0]), torch.tensor([1, 0]))
+    h, r = 3 ** 0.5 / 2, 2 ** -0.5
+    za = torch.tensor([[h, -h], [-h, h]])
+    zb = torch.tensor([[2 * r, -r], [-r, 0.0]])
+    fused = fuse_scores([a, b])
+    assert torch.allclose(fused.scores, (za + zb) / 2, atol=1e-6)
+    assert fused.caption_image.tolist() == [0, 1] and fused.caption_index.tolist() == [0, 1]
+    assert torch.allclose(fuse_scores([a, b], [3, 1]).scores, (3 * za + zb) / 4, atol=1e-6)
+    # an affine map of one member changes nothing; a member alone twice keeps its own rankings
+    scaled = RetrievalScores(10 * b.scores - 4, b.caption_image, b.caption_index)
+    assert torch.allclose(fuse_scores([a, scaled]).scores, fused.scores, atol=1e-6)
+    assert torch.allclose(fuse_scores([a, a]).scores, za, atol=1e-6)
+    with pytest.raises(ValueError, match="at least 2"):
+        fuse_scores([a])
+    with pytest.raises(ValueError, match="weights"):
+        fuse_scores([a, b], [1.0])
+    with pytest.raises(ValueError, match="different test splits"):
+        fuse_scores([a, RetrievalScores(a.scores, torch.tensor([1, 0]), torch.tensor([0, 1]))])
+    with pytest.raises(ValueError, match="not all finite"):
+        fuse_scores([a, RetrievalScores(torch.tensor([[1.0, float("-inf")], [0.0, 1.0]]), a.caption_image,
+                                        a.caption_index)])

@@ -520,6 +520,9 @@ def load_models(entries: Sequence[ModelEntry], gallery: Gallery, log: Callable[[
 def _load_one(entry: ModelEntry, gallery: Gallery, workdir: str, models: list, missing: list, failed: list,
               log: Callable[[str], None]) -> None:
     """One row into ``models``, ``missing`` (files not made yet) or ``failed`` (why it cannot be loaded)."""
+    if entry.ensemble:  # fused test scores of other rows, no model of its own to query
+        log(f"{entry.name}: not loaded (an ensemble of {', '.join(entry.ensemble)}: the explorer shows each member)")
+        return
     gone = missing_files(entry)
     if gone:
         missing.append((entry.name, entry.command, gone))

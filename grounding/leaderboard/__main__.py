@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
             name, sep, path = item.partition("=")
             if not sep or name not in names:
                 raise LeaderboardError(f"--ckpt {item}: expected NAME=PATH with NAME one of {sorted(names)}")
+            if names[name].ensemble:
+                raise LeaderboardError(f"--ckpt {item}: {name} is an ensemble of {names[name].ensemble}; give its "
+                                       "members' checkpoints instead")
             if names[name].semclip is not None:
                 raise LeaderboardError(f"--ckpt {item}: {name} is SemCLIP (a VLM, Γ_t and an STE, no checkpoint); edit "
                                        "its semclip block in the YAML instead")

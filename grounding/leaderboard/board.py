@@ -23,7 +23,9 @@ logged, not counted), the recalls are their means, rsum gets its standard deviat
 is that of the mean rsum (every run scored on the same resampled test images). A cross-encoder row may rerank another row's scores:
 ``first_stage: <that row's name>`` and ``rerank_top_k: K`` (the first stage is tested first; its scores of the same
 test set reach the cross-encoder's test loop as ``first_stage_scores``, and its recall@K, the rerank's ceiling, is
-printed beside the row). A model's ``ckpt`` may
+printed beside the row). An ensemble row (``ensemble: [<row>, <row>, ...]``, optional ``weights``) fuses the test
+scores of earlier rows that rerank nothing (each member's matrix z-scored, then averaged:
+:func:`grounding.retrieval_metrics.fuse_scores`); with seeds, ensemble i fuses seed i of every member. A model's ``ckpt`` may
 be a glob (``outputs/x/checkpoints/best-*.ckpt``: the checkpoint selected on the validation split, whose name
 carries its epoch); it must match exactly one file. ``encoders`` (optional): the row's image and
 text encoders, printed in the table.
@@ -71,7 +73,14 @@ from grounding.errors import UserInputError
 from grounding.lightning import FIT_RECORD
 from grounding.nets import class_of
 from grounding.paths import resolve_path
-from grounding.retrieval_metrics import RetrievalScores, retrieval_metrics, rsum_interval, save_first_stage, subset_t2i_recalls
+from grounding.retrieval_metrics import (
+    RetrievalScores,
+    fuse_scores,
+    retrieval_metrics,
+    rsum_interval,
+    save_first_stage,
+    subset_t2i_recalls,
+)
 from grounding.semclip.alignment import load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
@@ -108,8 +117,9 @@ class TestSet:
 
 @dataclass
 class ModelEntry:
-    """One row: a suite LightningModule (``config`` + ``ckpt``) or SemCLIP (``semclip``: vlm, transform, ste,
-    query_mode), the ``command`` that makes its files, and the run folders whose training time it sums."""
+    """One row: a suite LightningModule (``config`` + ``ckpt``), SemCLIP (``semclip``: vlm, transform, ste,
+    query_mode) or an ensemble of earlier rows (``ensemble``: their names, ``weights`` optional), the ``command`` that
+    makes its files, and the run folders whose training time it sums."""
 
     name: str
     command: str
@@ -122,6 +132,8 @@ class ModelEntry:
     first_stage: str | None = None
     rerank_top_k: int | None = None
     other_seeds: list[str] = field(default_factory=list)
+    ensemble: list[str] = field(default_factory=list)
+    weights: list[float] | None = None
 
     def checkpoint(self) -> Path | None:
         """``ckpt`` resolved; a glob must match exactly one file (None when it matches none)."""
@@ -228,7 +240,12 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
                            paper=str(m.get("paper") or ""), config=m.get("config"), ckpt=m.get("ckpt"),
                            semclip=m.get("semclip"), runs=list(m.get("runs") or []),
                            encoders=str(m.get("encoders") or ""), first_stage=m.get("first_stage"),
-                           rerank_top_k=m.get("rerank_top_k"), other_seeds=[str(c) for c in m.get("other_seeds") or []])
+                           rerank_top_k=m.get("rerank_top_k"), other_seeds=[str(c) for c in m.get("other_seeds") or []],
+                           ensemble=m.get("ensemble") or [], weights=m.get("weights"))
+        if entry.ensemble:
+            _check_ensemble(entry, m, where)
+            models.append(entry)
+            continue
         if entry.other_seeds and entry.semclip is not None:
             raise LeaderboardError(f"{where} ({entry.name}): other_seeds are checkpoints of a suite model, not SemCLIP's")
         if (entry.first_stage is None) != (entry.rerank_top_k is None) or (
@@ -247,13 +264,37 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
         raise LeaderboardError(f"{path}: model names must be distinct; got {names}")
     for i, m in enumerate(models):
         earlier = {e.name: e for e in models[:i]}
+        exhaustive = sorted(k for k, e in earlier.items() if e.semclip is None and e.first_stage is None and not e.ensemble)
+        stray = [n for n in m.ensemble if n not in exhaustive]
+        if stray:
+            raise LeaderboardError(f"{path}: {m.name}'s ensemble member {stray[0]!r} must name a suite model listed before "
+                                   f"it that reranks nothing; one of {exhaustive}")
         if m.first_stage is not None and (m.first_stage not in earlier or earlier[m.first_stage].semclip is not None
-                                          or earlier[m.first_stage].first_stage is not None):
-            allowed = sorted(k for k, e in earlier.items() if e.semclip is None and e.first_stage is None)
+                                          or earlier[m.first_stage].first_stage is not None
+                                          or earlier[m.first_stage].ensemble):
+            allowed = sorted(k for k, e in earlier.items() if e.semclip is None and e.first_stage is None
+                             and not e.ensemble)
             raise LeaderboardError(f"{path}: {m.name}'s first_stage {m.first_stage!r} must name a suite model listed "
                                    f"before it that reranks nothing; one of {allowed}")
     return Leaderboard(test_set, models, str(cfg.get("out") or f"reports/leaderboard/{test_set.name}"), str(path),
                        published)
+
+
+def _check_ensemble(entry: ModelEntry, m: dict, where: str) -> None:
+    """An ensemble row names 2+ distinct earlier rows (checked against them by :func:`load_leaderboard`) and nothing of
+    a model's own; ``weights`` (optional) one non-negative number per member."""
+    members = entry.ensemble
+    if not (isinstance(members, list) and len(members) >= 2 and all(isinstance(n, str) for n in members)
+            and len(set(members)) == len(members)):
+        raise LeaderboardError(f"{where} ({entry.name}): `ensemble` must list 2 or more distinct row names; got {members!r}")
+    own = [k for k in ("config", "ckpt", "semclip", "first_stage", "rerank_top_k", "other_seeds", "runs") if m.get(k)]
+    if own:
+        raise LeaderboardError(f"{where} ({entry.name}): an ensemble row fuses its members' scores; remove `{own[0]}`")
+    w = entry.weights
+    if w is not None and not (isinstance(w, list) and len(w) == len(members)
+                              and all(isinstance(x, (int, float)) and x >= 0 for x in w) and sum(w) > 0):
+        raise LeaderboardError(f"{where} ({entry.name}): `weights` must be {len(members)} non-negative numbers with a "
+                               f"positive sum, one per member; got {w!r}")
 
 
 def _published(p, where: str) -> PublishedRow:
@@ -297,6 +338,8 @@ def _test_seconds(cli) -> float:
 
 def missing_files(entry: ModelEntry) -> list[str]:
     """The files of a row that do not exist yet (its checkpoint, or SemCLIP's VLM, Γ_t and STE): made by its ``command``."""
+    if entry.ensemble:  # its members' rows say what is missing
+        return []
     if entry.semclip is not None:
         spec = entry.semclip["vlm"]
         files = [entry.semclip["transform"], entry.semclip["ste"]]
@@ -436,7 +479,8 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
                    ) -> tuple[dict, dict]:
     """A suite LightningModule's row: its own test loop on the test set (and on the compositional split), reranking
     ``first_stage`` ({"test": file, "comp": file} of :func:`grounding.retrieval_metrics.save_first_stage`) when given.
-    Returns the row and the score matrices it tested with their caption texts ({"test": ..., "comp": ...})."""
+    Returns the row and the score matrices it tested with their caption texts ({"test": ..., "comp": ...}; with
+    ``other_seeds``, "seeds": each other seed's test and compositional-split matrices)."""
     try:
         cfg = resolved_config(entry.config)
     except ConfigError as e:
@@ -474,15 +518,17 @@ def evaluate_stage(entry: ModelEntry, test_set: TestSet, workdir: str | Path, re
         kept["comp"] = (comp, comp_texts)
     if replicas:  # (without a compositional split, seed_mean_row takes each run's held-out-pair R@1 from its scores)
         runs = [(scored, row.get("compositional_r1") if compositional_reference is not None else None)]
+        kept["seeds"] = []  # each other seed's (test scores, compositional-split scores or None): for ensembles
         for replica in replicas:
             _, other, _, _ = _stage_test(replica, data_class, test_set.captions, test_set.world_meta, workdir, reference,
                                          f" ({Path(replica.ckpt).name})", first_stage=first_stage.get("test"))
-            comp_r1 = None
+            comp_r1, comp = None, None
             if compositional_reference is not None:
                 _, comp, _, _ = _stage_test(replica, data_class, split, None, workdir, compositional_reference,
                                             " (compositional split)", first_stage=first_stage.get("comp"))
                 comp_r1 = retrieval_metrics(comp.scores, comp.caption_image)["t2i_r1"]
             runs.append((other, comp_r1))
+            kept["seeds"].append((other, comp))
         row.update(seed_mean_row([r for r, _ in runs], [c for _, c in runs], texts, test_set.world_meta))
     return row, kept
 
@@ -550,6 +596,7 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
     if only:  # a reranking row needs its first stage's scores of this run
         by_name = {m.name: m for m in board.models}
         only = set(only) | {by_name[n].first_stage for n in only if n in by_name and by_name[n].first_stage}
+        only |= {member for n in list(only) if n in by_name for member in by_name[n].ensemble}
     kept: dict[str, dict] = {}  # suite model -> its score matrices, for the rows that rerank them
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as workdir:
         for entry in board.models:
@@ -583,6 +630,8 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
             try:
                 if entry.semclip is not None:
                     row.update(evaluate_semclip(entry, board.test_set, dm, comp_dm))
+                elif entry.ensemble:
+                    row.update(evaluate_ensemble(entry, kept, {r["model"]: r for r in rows}, board.test_set))
                 else:
                     first = _first_stage_files(entry, kept, workdir)
                     stage_row, kept[entry.name] = evaluate_stage(entry, board.test_set, workdir, reference,
@@ -593,11 +642,49 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 row["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one model's failure is its row's error line, the others still run
                 row["status"] = f"error: {' '.join(str(e).split())[:300]}"
-            row["train_minutes"], row["epochs"] = _fit_records(entry)
+            if not entry.ensemble:  # (an ensemble's: its members' sum, set by evaluate_ensemble)
+                row["train_minutes"], row["epochs"] = _fit_records(entry)
             log(f"{entry.name}: {row['status']}" + (f", rsum {row['rsum']:.1f}" if row["status"] == "ok" else "")
                 + f" ({time.perf_counter() - start:.0f}s)")
             rows.append(row)
     return rows
+
+
+def evaluate_ensemble(entry: ModelEntry, kept: dict, member_rows: dict, test_set: TestSet) -> dict:
+    """An ensemble's row: its members' test scores fused (:func:`grounding.retrieval_metrics.fuse_scores`). With
+    seeds, ensemble i fuses seed i of every member (as many ensembles as the member with the fewest seeds has runs),
+    and the row is their mean ± sd like a model's seeds. Training minutes, parameters and ms per query are the
+    members' sums (every member scores every query)."""
+    absent = [m for m in entry.ensemble if m not in kept or member_rows.get(m, {}).get("status") != "ok"]
+    if absent:
+        raise LeaderboardError(f"its member {absent[0]} has no scores in this run (skipped or failed); make that model first")
+    runs = [[kept[m]["test"][0]] + [s for s, _ in kept[m].get("seeds", [])] for m in entry.ensemble]
+    comps = [[kept[m]["comp"][0] if "comp" in kept[m] else None] + [c for _, c in kept[m].get("seeds", [])]
+             for m in entry.ensemble]
+    texts = kept[entry.ensemble[0]]["test"][1]
+    fused, comp_r1 = [], []
+    for i in range(min(len(r) for r in runs)):
+        fused.append(fuse_scores([r[i] for r in runs], entry.weights))
+        parts = [c[i] for c in comps]
+        comp_r1.append(retrieval_metrics(*_fused_pair(parts, entry.weights))["t2i_r1"]
+                       if all(p is not None for p in parts) else None)
+    if len(fused) == 1:
+        row = _scored_row(fused[0], texts, test_set.world_meta)
+        if comp_r1[0] is not None:
+            row["compositional_r1"] = comp_r1[0]
+    else:
+        row = seed_mean_row(fused, comp_r1, texts, test_set.world_meta)
+    members = [member_rows[m] for m in entry.ensemble]
+    for key in ("params_m", "trainable_m", "ms_per_query", "train_minutes"):
+        values = [r.get(key) for r in members]
+        row[key] = None if any(v is None for v in values) else float(sum(values))
+    row["epochs"] = None
+    return row
+
+
+def _fused_pair(parts: list[RetrievalScores], weights) -> tuple[torch.Tensor, torch.Tensor]:
+    fused = fuse_scores(parts, weights)
+    return fused.scores, fused.caption_image
 
 
 def _first_stage_files(entry: ModelEntry, kept: dict, workdir) -> dict | None:
@@ -608,7 +695,10 @@ def _first_stage_files(entry: ModelEntry, kept: dict, workdir) -> dict | None:
         raise LeaderboardError(f"its first stage {entry.first_stage} has no scores in this run (skipped or failed); "
                                "make that model first")
     files = {}
-    for split, (scored, texts) in kept[entry.first_stage].items():
+    for split in ("test", "comp"):
+        if split not in kept[entry.first_stage]:
+            continue
+        scored, texts = kept[entry.first_stage][split]
         files[split] = Path(workdir) / f"first_stage-{sha1_of_json([entry.first_stage, split])[:12]}.pt"
         save_first_stage(files[split], scored, texts, entry.first_stage)
     return files

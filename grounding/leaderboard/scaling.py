@@ -70,7 +70,7 @@ def fit_command(entry: ModelEntry, photos: int, folder: Path, fit_args: Sequence
 
 def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]:
     """The named suite models of ``board`` (trained by one config, reranking nothing); else one LeaderboardError."""
-    by_name = {m.name: m for m in board.models if m.semclip is None and m.first_stage is None}
+    by_name = {m.name: m for m in board.models if m.semclip is None and m.first_stage is None and not m.ensemble}
     for name in models:
         if name not in by_name:
             raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config without a "
