@@ -326,6 +326,86 @@ def load_visual_backbone(name: str = "efficientnet_lite0", weights: str | None =
     raise ValueError(f"Unknown visual backbone {name!r}: use vgg16, efficientnet_lite0, tiny_cnn or timm:<model>.")
 
 
+class _MBConvGroup(nn.Module):
+    """One EfficientNet MBConv block with the drop-connect rate ``extract_features`` gives it at its depth."""
+
+    def __init__(self, block: nn.Module, drop_connect_rate: float | None):
+        super().__init__()
+        self.block = block
+        self.drop_connect_rate = drop_connect_rate
+
+    def forward(self, x):
+        return self.block(x, drop_connect_rate=self.drop_connect_rate)
+
+
+def backbone_layer_groups(backbone: VisualBackbone) -> list[nn.Module]:
+    """``backbone``'s layers as a sequence of groups whose composition is its forward pass.
+
+    EfficientNet-Lite0: the stem, each of its 16 MBConv blocks, the 1x1 head (18 groups); VGG16 and the tiny CNN: one
+    group per convolution (with the activation and pooling after it). timm backbones are not split.
+    """
+    body = backbone.body
+    if isinstance(body, _EfficientNetLiteBody):
+        net = body.net
+        rate, n = net._global_params.drop_connect_rate, len(net._blocks)
+        groups: list[nn.Module] = [nn.Sequential(net._conv_stem, net._bn0, net._swish)]
+        groups += [_MBConvGroup(block, rate * i / n if rate else rate) for i, block in enumerate(net._blocks)]
+        return groups + [nn.Sequential(net._conv_head, net._bn1, net._swish)]
+    if isinstance(body, nn.Sequential):
+        groups, current = [], []
+        for layer in body:
+            if isinstance(layer, nn.Conv2d) and current:
+                groups.append(nn.Sequential(*current))
+                current = []
+            current.append(layer)
+        return groups + [nn.Sequential(*current)]
+    raise UserInputError(f"backbone_unlocked: the backbone {backbone.name!r} cannot be split into layer groups "
+                         "(efficientnet_lite0, vgg16 and tiny_cnn can); set backbone_unlocked: 0.")
+
+
+class BackboneTail(nn.Module):
+    """The last layer groups of a pretrained CNN, trained with the model (open_clip's unlocked groups).
+
+    Its BatchNorm layers keep their pretrained statistics (eval mode always; their affine weights train), so a map
+    means the same in training and evaluation whatever the batch.
+    """
+
+    def __init__(self, groups: list[nn.Module]):
+        super().__init__()
+        self.groups = nn.Sequential(*groups)
+        self.groups.requires_grad_(True)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.eval()
+        return self
+
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        return self.groups(maps.to(next(self.parameters()).dtype))
+
+
+def split_backbone(backbone: VisualBackbone, unlocked: int) -> tuple[VisualBackbone, BackboneTail | None]:
+    """(frozen trunk, trainable tail): the last ``unlocked`` layer groups (:func:`backbone_layer_groups`) train.
+
+    The trunk is what the feature cache stores (its name and weights key the cache, so it never shares a folder with
+    the whole backbone's maps); ``unlocked: 0`` returns the backbone unchanged and no tail.
+    """
+    if unlocked == 0:
+        return backbone, None
+    groups = backbone_layer_groups(backbone)
+    if not 0 < unlocked < len(groups):
+        raise UserInputError(f"backbone_unlocked: {unlocked} is not between 0 and {len(groups) - 1}, the number of "
+                             f"{backbone.name}'s layer groups after its first (it has {len(groups)}).")
+    trunk_body = nn.Sequential(*groups[:-unlocked]).eval()
+    with torch.no_grad():  # the trunk map's channels and stride, from one small image
+        probe = trunk_body(torch.zeros(1, 3, 64, 64))
+    trunk = VisualBackbone(trunk_body, probe.shape[1], 64 // probe.shape[-1], f"{backbone.name}-unlocked{unlocked}",
+                           mean=backbone.mean, std=backbone.std, freeze=True)
+    return trunk, BackboneTail(groups[-unlocked:])
+
+
 class _LastFeature(nn.Module):
     def __init__(self, body):
         super().__init__()

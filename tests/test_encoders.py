@@ -86,3 +86,57 @@ def test_pretrained_efficientnet_weights_are_loaded_not_random():
 def test_unknown_backbone_is_rejected():
     with pytest.raises(ValueError, match="Unknown visual backbone"):
         load_visual_backbone("resnet9000")
+
+
+@pytest.mark.parametrize("name,unlocked", [("tiny_cnn", 1), ("tiny_cnn", 2), ("efficientnet_lite0", 2),
+                                           ("efficientnet_lite0", 6)])
+def test_split_backbone_is_the_whole_backbone_in_two_parts(name, unlocked):
+    """Trunk then tail gives the whole backbone's map (eval; the tail's stochastic depth is a training-time draw); the
+    trunk is frozen under its own name (another feature-cache folder), the tail trains, its BatchNorm statistics stay."""
+    from grounding.encoders import BackboneTail, split_backbone
+    from grounding.utils.io import state_dict_sha1
+
+    torch.manual_seed(0)
+    weights = "default" if name == "efficientnet_lite0" else None
+    whole = load_visual_backbone(name, weights=weights)
+    x = torch.randn(2, 3, 64, 64)
+    expected = whole(x)
+    trunk, tail = split_backbone(whole, unlocked)
+    assert isinstance(tail, BackboneTail) and trunk.name == f"{name}-unlocked{unlocked}"
+    maps = trunk(x)
+    assert maps.shape[1] == trunk.out_channels and not maps.requires_grad
+    assert torch.allclose(tail.eval()(maps), expected, atol=1e-5)
+    assert not any(p.requires_grad for p in trunk.parameters()) and all(p.requires_grad for p in tail.parameters())
+    assert state_dict_sha1(trunk) != state_dict_sha1(load_visual_backbone(name, weights=weights))
+    tail.train()
+    before = [b.clone() for b in tail.buffers()]
+    tail(maps * 3).sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, tail.buffers()))
+    assert all(p.grad is not None for p in tail.parameters())
+
+
+def test_split_backbone_refuses_what_it_cannot_split():
+    from grounding.encoders import split_backbone
+    from grounding.errors import UserInputError
+
+    whole = load_visual_backbone("tiny_cnn", weights=None)
+    assert split_backbone(whole, 0) == (whole, None)
+    with pytest.raises(UserInputError, match="backbone_unlocked: 4 is not between 0 and 3"):
+        split_backbone(whole, 4)
+
+
+def test_visual_stream_with_a_strided_tail_reads_pixels_and_trunk_maps_alike():
+    """A tail that downsamples (tiny_cnn's last 2 groups, stride 2 each) gives the whole backbone's grid; the stream
+    reads pixels or the trunk's maps (what the cache stores) to the same tokens, and the tail gets gradients."""
+    from grounding.vgbert.streams import VisualStream
+
+    torch.manual_seed(0)
+    stream = VisualStream(width=32, backbone="tiny_cnn", backbone_weights=None, num_heads=2, dropout=0.0,
+                          image_size=64, backbone_unlocked=2).eval()
+    x = torch.randn(2, 3, 64, 64)
+    tokens = stream(images=x)
+    assert tokens.shape == (2, 4, 4, 32) and stream.in_channels == 32
+    assert torch.allclose(stream(features=stream.backbone_features(x)), tokens)
+    tokens.sum().backward()
+    assert all(p.grad is not None for p in stream.backbone_tail.parameters())
+    assert all(p.grad is None for p in stream.backbone.parameters())

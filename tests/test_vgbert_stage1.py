@@ -409,3 +409,25 @@ def test_visual_attention_dropout_layout_official_and_recorded():
     quiet.train()
     x = torch.randn(2, quiet.in_channels, 2, 2)
     assert torch.equal(quiet(features=x), quiet(features=x))
+
+
+def test_dual_encoder_with_unlocked_backbone_groups_trains_the_tail_from_cached_trunk_maps():
+    """``backbone_unlocked``: the feature cache stores the frozen trunk (another name, so another folder), the stage
+    reads the trunk's maps, the tail's weights are among the optimised parameters and get gradients."""
+    from grounding.vgbert import DualEncoderBaseline
+
+    torch.manual_seed(0)
+    module = DualEncoderBaseline(DualEncoder(**TINY, backbone_unlocked=1))
+    trunk = module.frozen_backbone()
+    assert trunk.name == "tiny_cnn-unlocked1" and not any(p.requires_grad for p in trunk.parameters())
+    tail = list(module.model.visual.backbone_tail.parameters())
+    assert {id(p) for p in tail} <= {id(p) for p in module.trainable_parameters()}
+    batch = _train_batch()
+    pixels = batch["images"]
+    batch["images"] = trunk(pixels)  # what the cache feeds
+    module.log = lambda *a, **k: None
+    module.training_step(batch, 0).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tail)
+    module.eval()
+    with torch.no_grad():
+        assert torch.allclose(module.model.encode_images(pixels), module.model.encode_images(trunk(pixels)), atol=1e-6)

@@ -29,7 +29,7 @@ class DualEncoder(RecordedNet):
                  backbone_weights: str | None = "default", trainable_layers: int = 8, freeze_query_key: bool = True,
                  dropout: float = 0.3, visual_heads: int = 12, projection_dim: int | None = None,
                  image_size: int = 224, text_pooling: str = "mean", attention_dropout: float | None = None,
-                 packed_tokens: bool | Literal["auto"] = False):
+                 packed_tokens: bool | Literal["auto"] = False, backbone_unlocked: int = 0):
         super().__init__()
         if text_pooling not in ("mean", "cls"):
             raise ValueError(f"text_pooling must be 'mean' or 'cls'; got {text_pooling!r}")
@@ -38,7 +38,8 @@ class DualEncoder(RecordedNet):
                                        attention_dropout=dropout if attention_dropout is None else attention_dropout,
                                        packed_tokens=packed_tokens)
         d = self.language.width
-        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size)
+        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size,
+                                   backbone_unlocked=backbone_unlocked)
         p = projection_dim or d
         self.visual_head, self.language_head = nn.Linear(d, p), nn.Linear(d, p)
         self.text_pooling = text_pooling

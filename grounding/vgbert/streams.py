@@ -28,6 +28,7 @@ from grounding.encoders import (
     load_text_encoder,
     load_tokenizer,
     load_visual_backbone,
+    split_backbone,
 )
 
 
@@ -60,20 +61,26 @@ class VisualStream(nn.Module):
             (a map of another size interpolates the encoding bilinearly).
         position_std: initial std of the positional encoding, relative to the layer-normalised
             content (unit scale per dimension).
+        backbone_unlocked: how many of the backbone's last layer groups train with the stream
+            (:func:`grounding.encoders.split_backbone`; 0, the papers' frozen CNN, in every recorded run). The
+            feature cache then stores the frozen trunk's maps and the trained tail runs at every step.
     """
 
     def __init__(self, width: int = 768, backbone: str = "vgg16", backbone_weights: str | None = "default",
                  num_heads: int = 12, dropout: float = 0.1, image_size: int = 224, position_std: float = 0.5,
-                 attention_dropout: float | None = None, ffn_dropout: float | None = None):
+                 attention_dropout: float | None = None, ffn_dropout: float | None = None,
+                 backbone_unlocked: int = 0):
         super().__init__()
         check_heads(width, num_heads, "VisualStream")
-        self.backbone = load_visual_backbone(backbone, weights=backbone_weights, freeze=True)
+        whole = load_visual_backbone(backbone, weights=backbone_weights, freeze=True)
+        # backbone: what runs frozen (and what the feature cache stores); backbone_tail: its trained last groups
+        self.backbone, self.backbone_tail = split_backbone(whole, backbone_unlocked)
         self.backbone_name = backbone
         self.width = width
-        side = max(1, -(-image_size // self.backbone.stride))  # ceil: conv padding keeps partial cells
+        side = max(1, -(-image_size // whole.stride))  # ceil: conv padding keeps partial cells
         self.grid_size = (side, side)
         # A 1x1 convolution is a per-location linear map: the paper's "linear transformation as an embedder".
-        self.embedder = nn.Linear(self.backbone.out_channels, width)
+        self.embedder = nn.Linear(whole.out_channels, width)
         # Content and position on comparable scales (BERT: token and position embeddings alike): the embedded
         # features are layer-normalised (per-dimension unit scale, whatever the backbone's magnitude)
         # and the learnable PE(x, y) (App. A.1) starts at half that (std 0.5). With std 0.02 the encoding
@@ -94,7 +101,7 @@ class VisualStream(nn.Module):
         return self.backbone.out_channels
 
     def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
-        """The frozen CNN's feature map (B, C, h, w) — what the feature cache stores."""
+        """The frozen CNN's feature map (B, C, h, w) — what the feature cache stores (the trunk's, with a tail)."""
         return self.backbone(images)
 
     def positional_encoding(self, h: int, w: int) -> torch.Tensor:
@@ -112,18 +119,24 @@ class VisualStream(nn.Module):
         if features.dim() != 4 or features.shape[1] != self.in_channels:
             raise ValueError(f"VisualStream ({self.backbone_name}) expects feature maps (B,{self.in_channels},h,w); "
                              f"got shape {tuple(features.shape)}. Was the feature cache built with another backbone?")
-        b, _, h, w = features.shape
-        x = self.attention(self.attention_input(features))
-        return x.reshape(b, h, w, self.width)
+        tokens = self.embed(features)
+        b, h, w, _ = tokens.shape  # the tail's map (a strided tail makes it smaller than the trunk's)
+        return self.attention(self.positioned(tokens)).reshape(b, h, w, self.width)
 
     def embed(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone maps (B,C,h,w) -> embedded, layer-normalised tokens (B,h,w,d), before the position code."""
+        if self.backbone_tail is not None:
+            features = self.backbone_tail(features)
         return self.embed_norm(self.embedder(features.to(self.embedder.weight.dtype).permute(0, 2, 3, 1)))
 
     def attention_input(self, features: torch.Tensor) -> torch.Tensor:
         """Backbone maps (B,C,h,w) -> the self-attention layer's input (B,h*w,d): embedded tokens + PE(x, y)."""
-        b, _, h, w = features.shape
-        return (self.embed(features) + self.positional_encoding(h, w)).reshape(b, h * w, self.width)
+        return self.positioned(self.embed(features))
+
+    def positioned(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens (B,h,w,d) + PE(x, y), flattened to (B,h*w,d)."""
+        b, h, w, _ = tokens.shape
+        return (tokens + self.positional_encoding(h, w)).reshape(b, h * w, self.width)
 
 
 def _bert_layers(bert: nn.Module) -> nn.ModuleList:
