@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -136,6 +137,40 @@ def test_open_cache_inconsistent_meta_names_folder(world):
         fcache.open_cache(path)
     assert str(err.value).startswith(f"feature cache {path} cannot be used (inconsistent: meta.json records shape "
                                      f"[4, {', '.join(map(str, shape[1:]))}] float16, features.npy holds {shape} float16); ")
+
+
+# ------------------------------------------------------------------------------ the key: content, not mtimes
+def test_key_survives_new_mtimes_and_changes_with_the_bytes(world):
+    """A data folder copied afresh (new mtimes, same bytes) keeps its cache; a photo edited in place, at either end
+    of a large file or anywhere in a small one, or resized, gets a new key. (A same-size edit inside a large file's
+middle alone would keep it: the price of not reading every byte of COCO at each run.)"""
+    backbone, ds, _ = world
+    n = fcache.FINGERPRINT_BYTES
+    rng = np.random.default_rng(0)
+    ds.image_paths[0].write_bytes(rng.integers(0, 256, 3 * n, dtype=np.uint8).tobytes())  # large: ends hashed
+    key = fcache.cache_key(backbone, ds)
+    for p in ds.image_paths:
+        os.utime(p, (time.time() + 3600,) * 2)
+    assert fcache.cache_key(backbone, ds) == key
+
+    def edited(path, offset, value=None):
+        data = bytearray(path.read_bytes())
+        original = bytes(data)
+        if value is None:
+            data.append(0)
+        else:
+            data[offset] ^= value
+        path.write_bytes(bytes(data))
+        changed = fcache.cache_key(backbone, ds)
+        path.write_bytes(original)
+        return changed
+
+    assert edited(ds.image_paths[0], 0, 1) != key  # header
+    assert edited(ds.image_paths[0], 3 * n - 1, 1) != key  # end of the scan
+    assert edited(ds.image_paths[0], 0, None) != key  # size
+    assert edited(ds.image_paths[1], 0, 255) != key  # a small file, hashed whole
+    assert fcache.cache_key(backbone, ds) == key
+    assert fcache.file_fingerprint(ds.image_paths[1]) == [1, hashlib.blake2b(bytes([1]), digest_size=16).hexdigest()]
 
 
 # ------------------------------------------------------------------------------ temporaries of killed builds
