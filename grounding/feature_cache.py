@@ -76,7 +76,8 @@ class FeatureCacheError(UserInputError, ValueError):
 # Bytes hashed at each end of an image file for the cache key. Content, not mtimes: a copy of the data (new mtimes,
 # as when a data folder is copied for each session or machine) keeps its cache, while an edited photo changes its
 # size or the bytes at one end (a re-encoded JPEG's header tables and the end of its scan). Files up to twice this
-# are hashed whole (Flickr8k's 224-px photos mostly), so COCO's 123k photos cost ~1 GB of reads, not their 19 GB.
+# are hashed whole (3 % of Flickr8k's 224-px photos, which average 15 KB); reading 8 KiB a photo keys Flickr8k's
+# 8,091 in ~2 s on loaded cores, and COCO's 123k photos cost ~1 GB of reads, not their 19 GB.
 FINGERPRINT_BYTES = 4096
 
 
