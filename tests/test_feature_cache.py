@@ -143,11 +143,12 @@ def test_open_cache_inconsistent_meta_names_folder(world):
 def test_key_survives_new_mtimes_and_changes_with_the_bytes(world):
     """A data folder copied afresh (new mtimes, same bytes) keeps its cache; a photo edited in place, at either end
     of a large file or anywhere in a small one, or resized, gets a new key. (A same-size edit inside a large file's
-middle alone would keep it: the price of not reading every byte of COCO at each run.)"""
+    middle alone would keep it: the price of not reading every byte of COCO at each run.)"""
     backbone, ds, _ = world
     n = fcache.FINGERPRINT_BYTES
     rng = np.random.default_rng(0)
     ds.image_paths[0].write_bytes(rng.integers(0, 256, 3 * n, dtype=np.uint8).tobytes())  # large: ends hashed
+    ds.image_paths[2].write_bytes(rng.integers(0, 256, 3 * n // 2, dtype=np.uint8).tobytes())  # up to 2n: whole
     key = fcache.cache_key(backbone, ds)
     for p in ds.image_paths:
         os.utime(p, (time.time() + 3600,) * 2)
@@ -169,6 +170,7 @@ middle alone would keep it: the price of not reading every byte of COCO at each 
     assert edited(ds.image_paths[0], 3 * n - 1, 1) != key  # end of the scan
     assert edited(ds.image_paths[0], 0, None) != key  # size
     assert edited(ds.image_paths[1], 0, 255) != key  # a small file, hashed whole
+    assert edited(ds.image_paths[2], n + 1, 1) != key  # under 2n bytes every byte counts, past the first n too
     assert fcache.cache_key(backbone, ds) == key
     assert fcache.file_fingerprint(ds.image_paths[1]) == [1, hashlib.blake2b(bytes([1]), digest_size=16).hexdigest()]
 
