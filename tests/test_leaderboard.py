@@ -375,3 +375,70 @@ def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_p
     # the median ranks' mean over seeds to one decimal (a mean of 3 seeds once printed 5.66667)
     three_seeds = {**mean, "t2i_medr": 17 / 3, "i2t_medr": 5.0}
     assert "| 5.7 / 5 |" in markdown_table([three_seeds], test_set)
+
+
+def _world_splits(tiny_world, tmp_path, stray: bool = False) -> Path:
+    """An MCD folder over the tiny world's 5 test images: mcd.json (4 images) and two graded splits; ``stray``: a
+    graded split with a training image (not a test image)."""
+    from grounding.composer import read_captions, write_karpathy_split
+
+    test = read_captions(tiny_world / "flickr" / "dataset_flickr30k.json", splits=["test"])
+    out = tmp_path / ("stray_splits" if stray else "splits")
+    write_karpathy_split(out / "mcd.json", test, [0, 1, 2, 3], {"compound_divergence": 0.3, "atom_divergence": 0.1})
+    write_karpathy_split(out / "graded" / "cd_0.2000_start1.json", test, [1, 2, 3, 4], {"compound_divergence": 0.2})
+    write_karpathy_split(out / "graded" / "cd_0.1000_start0.json", test, [0, 2, 4], {"compound_divergence": 0.1})
+    if stray:
+        train = read_captions(tiny_world / "flickr" / "dataset_flickr30k.json", splits=["train"])
+        write_karpathy_split(out / "graded" / "cd_0.0500_start9.json", train, [0, 1], {"compound_divergence": 0.05})
+    return out
+
+
+def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, tmp_path, monkeypatch):
+    """``--graded`` (Fig. 4 with every row): a row that reranks nothing (a model with seeds, one run, an ensemble)
+    gets its test matrix restricted to each split, which equals its own `test` on that split file; a reranker runs its
+    test loop on each split. On the MCD split both equal the row's compositional column."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    offline, flickr, data = tiny_region_setup(tiny_world)
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
+    vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
+                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
+                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+    ckpts = {"vse": _fit(vse, tmp_path / "seed0"), "vse1": _fit(vse, tmp_path / "seed1", "--seed_everything=1"),
+             "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
+    splits = _world_splits(tiny_world, tmp_path)
+    board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "compositional_split": str(splits / "mcd.json")},
+                  "out": str(tmp_path / "board"),
+                  "models": [{"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse",
+                              "other_seeds": [ckpts["vse1"]]},
+                             {"name": "seed 1", "config": vse, "ckpt": ckpts["vse1"], "command": "make vse"},
+                             {"name": "fused", "ensemble": ["VSE", "seed 1"], "command": "make vse"},
+                             {"name": "ViLBERT-style", "config": vilbert, "ckpt": ckpts["vilbert"],
+                              "command": "make vilbert", "first_stage": "VSE", "rerank_top_k": 2}]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
+    rows = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), log=lambda line: None,
+                                             graded=True)}
+    assert all(r["status"] == "ok" for r in rows.values()), {k: r["status"] for k, r in rows.items()}
+    for name, runs, scored_by in (("VSE", 2, "restricted"), ("seed 1", 1, "restricted"), ("fused", 1, "restricted"),
+                                  ("ViLBERT-style", 1, "reranking VSE's top 2")):
+        graded = rows[name]["graded"]
+        assert [g["split"] for g in graded] == ["mcd", "cd_0.2000_start1", "cd_0.1000_start0"], name
+        assert [g["images"] for g in graded] == [4, 4, 3] and [g["captions"] for g in graded] == [20, 20, 15]
+        assert all(g["runs"] == runs and scored_by in g["scored_by"] for g in graded), name
+        assert graded[0]["mcd"] and graded[0]["t2i_r1"] == pytest.approx(rows[name]["compositional_r1"], abs=1e-3)
+    # the restriction is what the model's own test on the split file gives
+    for g in rows["seed 1"]["graded"][1:]:
+        split_file = splits / "graded" / f"{g['split']}.json"
+        own = _own_test(vse, ckpts["vse1"], tmp_path / f"own_{g['split']}",
+                        f"--data.init_args.captions.init_args.karpathy_file={split_file}",
+                        "--data.init_args.captions.init_args.test_only=true")
+        for metric in ("t2i_r1", "t2i_r5", "i2t_r1", "rsum"):
+            assert g[metric] == pytest.approx(own[metric], abs=1e-3), (g["split"], metric)
+    out = write_outputs(list(rows.values()), load_leaderboard(tmp_path / "board.yaml"))
+    table = list(csv.DictReader((out / "graded.csv").open()))
+    assert len(table) == 4 * 3 and table[0]["model"] == "VSE" and table[0]["mcd"] == "True"
+    assert (out / "graded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a graded split with an image the test set lacks: one line naming it, before any model is tested
+    board_yaml["test_set"]["compositional_split"] = str(_world_splits(tiny_world, tmp_path, stray=True) / "mcd.json")
+    (tmp_path / "stray.yaml").write_text(yaml.safe_dump(board_yaml))
+    with pytest.raises(LeaderboardError, match=r"graded split cd_0.0500_start9: its image .* is not a test image"):
+        evaluate(load_leaderboard(tmp_path / "stray.yaml"), log=lambda line: None, graded=True)

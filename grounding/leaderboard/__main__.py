@@ -2,8 +2,10 @@
 
 Tests every model of the leaderboard YAML on its test set and writes leaderboard.md / .csv / .json / .png to
 ``--out`` (default: the YAML's ``out``), printing the Markdown table; with ``--only``, the given models' rows
-replace theirs in the table already there. Exit status 2 on a bad YAML, test set or argument, 1 when a model
-tested by this run failed (its row says why), 0 otherwise (skipped rows included).
+replace theirs in the table already there. ``--graded``: every model also on the graded splits of compound
+divergence beside the compositional split (graded.csv / .json / .png: Fig. 4 with every model). Exit status 2 on a
+bad YAML, test set or argument, 1 when a model tested by this run failed (its row says why), 0 otherwise (skipped
+rows included).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", action="append", default=[], metavar="NAME=PATH",
                    help="test this checkpoint for the model NAME (repeatable)")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="evaluate only these models (repeatable)")
+    p.add_argument("--graded", action="store_true",
+                   help="also test every model on the graded splits beside the test set's compositional_split "
+                        "(Fig. 4 with every model: graded.csv, .json, .png)")
     args = p.parse_args(argv)
     try:
         board = load_leaderboard(args.config)
@@ -41,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in args.only if n not in names]
         if unknown:
             raise LeaderboardError(f"--only {unknown[0]}: not a model of {args.config}; one of {sorted(names)}")
-        rows = evaluate(board, args.only or None, log=lambda line: print(line, file=sys.stderr, flush=True))
+        rows = evaluate(board, args.only or None, log=lambda line: print(line, file=sys.stderr, flush=True),
+                        graded=args.graded)
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -70,6 +70,8 @@ from grounding.checkpoints import checkpoint_class
 from grounding.cli import resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
+from grounding.leaderboard.graded import GradedSplitError, Selection, restrict, select, split_result, write_graded
+from grounding.leaderboard.splits import SplitEvalError, SplitFile, find_splits
 from grounding.lightning import FIT_RECORD
 from grounding.nets import class_of
 from grounding.paths import resolve_path
@@ -391,16 +393,18 @@ class Reference:
                                    "the test set's data (a test_subset, a caption file); remove that key")
 
 
-def reference_data(test_set: TestSet, compositional: bool = False):
+def reference_data(test_set: TestSet, compositional: bool = False, split_file: str | None = None):
     """The test set's caption DataModule, built and set up (one clear :class:`LeaderboardError` when it cannot be):
-    the reference every row is checked against."""
-    captions = split_captions(test_set.captions, test_set.compositional_split) if compositional else test_set.captions
+    the reference every row is checked against; with ``compositional`` its MCD split's, with ``split_file`` that
+    split's (a graded split)."""
+    split_file = test_set.compositional_split if compositional else split_file
+    captions = split_captions(test_set.captions, split_file) if split_file else test_set.captions
     where = f"test_set ({test_set.name})"
     if test_set.world_meta and not resolve_path(test_set.world_meta).is_file():
         raise LeaderboardError(f"{where}: world_meta {test_set.world_meta} does not exist; generate the world with "
                                "`make world` (or point world_meta at its world.json)")
-    if compositional and not resolve_path(test_set.compositional_split).is_file():
-        raise LeaderboardError(f"{where}: compositional_split {test_set.compositional_split} does not exist; make the "
+    if split_file and not resolve_path(split_file).is_file():
+        raise LeaderboardError(f"{where}: compositional_split {split_file} does not exist; make the "
                                "MCD split first (`make leaderboard-flickr8k` does: python -m grounding.composer mcd ...)")
     cls = class_of(captions["class_path"])
     if cls is None:
@@ -583,15 +587,21 @@ def evaluate_semclip(entry: ModelEntry, test_set: TestSet, dm, compositional_dm=
     return row
 
 
-def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[str], None] = print) -> list[dict]:
+def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[str], None] = print,
+             graded: bool = False) -> list[dict]:
     """Every model's row (skipped when its files are missing, an error line when its evaluation fails). The test
-    set is read first: a test set that cannot be read raises :class:`LeaderboardError`."""
+    set is read first: a test set that cannot be read raises :class:`LeaderboardError`. With ``graded``, each row
+    also gets its results on the MCD split's graded splits (``row["graded"]``, :mod:`grounding.leaderboard.graded`)."""
     dm = reference_data(board.test_set)
     reference = Reference.of(dm)
     comp_dm = reference_data(board.test_set, compositional=True) if board.test_set.compositional_split else None
     comp_reference = Reference.of(comp_dm) if comp_dm is not None else None
     log(f"test set {board.test_set.name}: {reference.images} images, {reference.captions} captions"
         + (f"; compositional split {comp_reference.images} / {comp_reference.captions}" if comp_reference else ""))
+    splits = graded_splits(board.test_set, dm) if graded else []
+    if splits:
+        log(f"graded splits: {len(splits)} (the MCD split and {len(splits) - 1} graded), compound divergence "
+            f"{min(g.split.compound_divergence for g in splits):.3f}-{max(g.split.compound_divergence for g in splits):.3f}")
     rows = []
     if only:  # a reranking row needs its first stage's scores of this run
         by_name = {m.name: m for m in board.models}
@@ -631,7 +641,9 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                 if entry.semclip is not None:
                     row.update(evaluate_semclip(entry, board.test_set, dm, comp_dm))
                 elif entry.ensemble:
-                    row.update(evaluate_ensemble(entry, kept, {r["model"]: r for r in rows}, board.test_set))
+                    ensemble_row, kept[entry.name] = evaluate_ensemble(entry, kept, {r["model"]: r for r in rows},
+                                                                       board.test_set)
+                    row.update(ensemble_row)
                 else:
                     first = _first_stage_files(entry, kept, workdir)
                     stage_row, kept[entry.name] = evaluate_stage(entry, board.test_set, workdir, reference,
@@ -639,6 +651,8 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                     row.update(stage_row)
                     if entry.first_stage:
                         row["first_stage"] = f"{entry.first_stage}, {row.get('first_stage') or f'top {entry.rerank_top_k}'}"
+                if splits and entry.name in kept:  # (SemCLIP's store keeps no test matrix: no graded results)
+                    row["graded"] = graded_results(entry, kept, splits, board.test_set, workdir, log)
                 row["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one model's failure is its row's error line, the others still run
                 row["status"] = f"error: {' '.join(str(e).split())[:300]}"
@@ -650,11 +664,11 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
     return rows
 
 
-def evaluate_ensemble(entry: ModelEntry, kept: dict, member_rows: dict, test_set: TestSet) -> dict:
+def evaluate_ensemble(entry: ModelEntry, kept: dict, member_rows: dict, test_set: TestSet) -> tuple[dict, dict]:
     """An ensemble's row: its members' test scores fused (:func:`grounding.retrieval_metrics.fuse_scores`). With
     seeds, ensemble i fuses seed i of every member (as many ensembles as the member with the fewest seeds has runs),
     and the row is their mean ± sd like a model's seeds. Training minutes, parameters and ms per query are the
-    members' sums (every member scores every query)."""
+    members' sums (every member scores every query). Returns the row and the fused matrices (kept like a model's)."""
     absent = [m for m in entry.ensemble if m not in kept or member_rows.get(m, {}).get("status") != "ok"]
     if absent:
         raise LeaderboardError(f"its member {absent[0]} has no scores in this run (skipped or failed); make that model first")
@@ -679,7 +693,7 @@ def evaluate_ensemble(entry: ModelEntry, kept: dict, member_rows: dict, test_set
         values = [r.get(key) for r in members]
         row[key] = None if any(v is None for v in values) else float(sum(values))
     row["epochs"] = None
-    return row
+    return row, {"test": (fused[0], texts), "seeds": [(f, None) for f in fused[1:]]}
 
 
 def _fused_pair(parts: list[RetrievalScores], weights) -> tuple[torch.Tensor, torch.Tensor]:
@@ -702,6 +716,86 @@ def _first_stage_files(entry: ModelEntry, kept: dict, workdir) -> dict | None:
         files[split] = Path(workdir) / f"first_stage-{sha1_of_json([entry.first_stage, split])[:12]}.pt"
         save_first_stage(files[split], scored, texts, entry.first_stage)
     return files
+
+
+# ------------------------------------------------------------------------------------------ graded splits (Fig. 4)
+@dataclass
+class GradedSplit:
+    """One split of the MCD folder located in the test set: its file, rows and columns, reference and texts."""
+
+    split: SplitFile
+    selection: Selection
+    reference: Reference
+    texts: list[str]
+
+
+def graded_splits(test_set: TestSet, dm) -> list[GradedSplit]:
+    """The MCD split, then its graded splits by falling compound divergence (the folder of ``compositional_split``,
+    as ``python -m grounding.composer mcd`` wrote it), each located in the test set ``dm``."""
+    if not test_set.compositional_split:
+        raise LeaderboardError(f"test_set ({test_set.name}): --graded needs a compositional_split (the mcd.json of "
+                               "`python -m grounding.composer mcd`, whose folder holds graded/*.json)")
+    try:
+        found, _ = find_splits(resolve_path(test_set.compositional_split).parent)
+        splits = []
+        for split in found:
+            split_dm = reference_data(test_set, split_file=str(split.path))
+            splits.append(GradedSplit(split, select(dm.test_dataset, split_dm.test_dataset, split.name),
+                                      Reference.of(split_dm), _flat_captions(split_dm.test_dataset)))
+    except (SplitEvalError, GradedSplitError) as e:
+        raise LeaderboardError(str(e)) from None
+    return splits
+
+
+def graded_results(entry: ModelEntry, kept: dict, splits: list[GradedSplit], test_set: TestSet, workdir,
+                   log: Callable[[str], None] = print) -> list[dict]:
+    """``entry``'s results on every split (each of its runs: seeds). A row that reranks nothing: its test matrices
+    restricted to the split, after checking on the MCD split that the restriction gives what its own test loop on
+    that split gave. An ensemble: its members' restricted matrices fused on each split (as its compositional column
+    fuses their runs on the MCD split; the z-scores are the split's). A reranker: its test loop on each split,
+    reranking the first stage's restricted matrix."""
+    own = kept[entry.name]
+    runs = [own["test"][0]] + [s for s, _ in own.get("seeds", [])]
+    mcd = next((g for g in splits if g.split.is_mcd), None)
+    if entry.ensemble:
+        members = [[kept[m]["test"][0]] + [s for s, _ in kept[m].get("seeds", [])] for m in entry.ensemble]
+        return [split_result([fuse_scores([restrict(m[i], g.selection) for m in members], entry.weights)
+                              for i in range(len(runs))], g.split, g.selection,
+                             "its members' test matrices restricted to the split, fused") for g in splits]
+    if not entry.first_stage:
+        if mcd is not None and "comp" in own:  # a model whose pair scores depend on the gallery fails here
+            restricted = retrieval_metrics(*_pair(restrict(runs[0], mcd.selection)))["t2i_r1"]
+            ran = retrieval_metrics(*_pair(own["comp"][0]))["t2i_r1"]
+            if abs(restricted - ran) > 100.0 / len(mcd.texts) + 1e-6:  # (one caption's worth: float ties)
+                raise LeaderboardError(f"its test matrix restricted to the MCD split gives t2i R@1 {restricted:.2f}, its "
+                                       f"own test on that split {ran:.2f}: its scores depend on the gallery, so the "
+                                       "graded splits need a test run each")
+        return [split_result([restrict(r, g.selection) for r in runs], g.split, g.selection,
+                             "its test matrix restricted to the split") for g in splits]
+    cfg = resolved_config(entry.config)
+    data_class = str((cfg.get("data") or {}).get("class_path"))
+    first = kept[entry.first_stage]["test"][0]
+    replicas = [entry] + [replace(entry, ckpt=str(c)) for c in entry.seed_checkpoints()]
+    results = []
+    for i, g in enumerate(splits, 1):
+        start = time.perf_counter()
+        if g.split.is_mcd and "comp" in own:  # its compositional-split runs are this split's
+            split_runs = [own["comp"][0]] + [c for _, c in own.get("seeds", [])]
+        else:
+            file = Path(workdir) / f"first_stage-{sha1_of_json([entry.first_stage, str(g.split.path)])[:12]}.pt"
+            save_first_stage(file, restrict(first, g.selection), g.texts, entry.first_stage)
+            captions = split_captions(test_set.captions, str(g.split.path))
+            split_runs = [_stage_test(r, data_class, captions, None, workdir, g.reference,
+                                      f" (graded split {g.split.name})", first_stage=file)[1] for r in replicas]
+        results.append(split_result(split_runs, g.split, g.selection,
+                                    f"its test loop reranking {entry.first_stage}'s top {entry.rerank_top_k}"))
+        log(f"{entry.name}: split {i}/{len(splits)} {g.split.name} (CD {g.split.compound_divergence:.3f}): t2i R@1 "
+            f"{results[-1]['t2i_r1']:.1f} ({time.perf_counter() - start:.0f}s)")
+    return results
+
+
+def _pair(scored: RetrievalScores) -> tuple[torch.Tensor, torch.Tensor]:
+    return scored.scores, scored.caption_image
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -817,4 +911,6 @@ def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None =
     atomic_write_json(out / "leaderboard.json", {"source": board.source, "test_set": vars(board.test_set),
                                                  "columns": list(COLUMNS), "rows": rows}, indent=2)
     plot_bars(rows, out / "leaderboard.png", title)
+    write_graded(rows, out, f"{title}: text→image R@1 against compound divergence (Fig. 4, every model)",
+                 {"source": board.source, "test_set": vars(board.test_set)})
     return out

@@ -1,0 +1,144 @@
+"""Every leaderboard model on the graded splits of compound divergence (COMPOSER §5.1, Fig. 4, with every row).
+
+``python -m grounding composer mcd`` writes, beside the MCD split, graded splits: windows of the candidates sorted by
+how much each raises the compound divergence from the training captions (``graded/*.json``, Karpathy JSON, every
+one a subset of the test images with all their captions). ``python -m grounding.leaderboard --graded`` tests every
+row on each of them and writes ``graded.csv``, ``graded.json`` and ``graded.png`` beside the leaderboard: text->image
+R@1 against compound divergence, one line per model, the MCD split starred (the paper plots COMPOSER and ViLBERT).
+
+A model that scores every (caption, image) pair on its own (a dual encoder, VSE, VG-BERT's match map, an ensemble
+of them) gives each pair the same score whatever else is in the gallery, so its split result is its test matrix
+restricted to the split's images and captions (:func:`restrict`): no second test run. The leaderboard checks that
+claim on the MCD split, which every row also runs through its own test loop (the compositional column): the
+restricted and the run recalls must agree. A cross-encoder that reranks a first stage's top K runs its own test
+loop on every split, reranking the first stage's restricted matrix (the top K of the split's images, as a test on
+that split alone would).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from grounding.errors import UserInputError
+from grounding.retrieval_metrics import RetrievalScores, flat_order, retrieval_metrics
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json
+
+METRICS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
+COLUMNS = ("model", "split", "mcd", "compound_divergence", "images", "captions", "runs", *METRICS, "t2i_r1_sd",
+           "scored_by")
+
+
+class GradedSplitError(UserInputError, ValueError):
+    """A graded split that is not a subset of the leaderboard's test set (one line, exit status 2)."""
+
+
+@dataclass
+class Selection:
+    """Where a split sits in the test set: its images' rows, its captions' columns (the test set's flat caption
+    order) and each of its captions' image (a row of the split)."""
+
+    images: torch.Tensor
+    captions: torch.Tensor
+    caption_image: torch.Tensor
+
+
+def select(test_dataset, split_dataset, split_name: str) -> Selection:
+    """The split's images and captions found in the test set (by image file and caption text, in the split's
+    order); a :class:`GradedSplitError` naming the first image or caption the test set lacks."""
+    rows = {Path(p).resolve(): i for i, p in enumerate(test_dataset.image_paths)}
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in test_dataset.captions])])
+    images, captions, caption_image = [], [], []
+    for j, (path, texts) in enumerate(zip(split_dataset.image_paths, split_dataset.captions)):
+        i = rows.get(Path(path).resolve())
+        if i is None:
+            raise GradedSplitError(f"graded split {split_name}: its image {Path(path).name} is not a test image of the "
+                                   "leaderboard's test set; make the splits from this test set (python -m "
+                                   "grounding.composer mcd with its candidates in the test split)")
+        free = defaultdict(list)  # a caption text -> its columns in the test set (a repeated text used once each)
+        for k, text in enumerate(test_dataset.captions[i]):
+            free[text].append(int(offsets[i]) + k)
+        for text in texts:
+            if not free[text]:
+                raise GradedSplitError(f"graded split {split_name}: the caption {text!r} of {Path(path).name} is not "
+                                       "one of its test captions; make the splits from this test set's caption file")
+            captions.append(free[text].pop(0))
+            caption_image.append(j)
+        images.append(i)
+    return Selection(torch.tensor(images), torch.tensor(captions), torch.tensor(caption_image))
+
+
+def restrict(scored: RetrievalScores, selection: Selection) -> RetrievalScores:
+    """``scored`` (a test matrix) restricted to a split: its images x its captions, columns in the split's flat
+    caption order."""
+    scores, _ = flat_order(scored)
+    return RetrievalScores(scores[selection.images][:, selection.captions], selection.caption_image,
+                           torch.arange(len(selection.captions)))
+
+
+def split_result(runs: Sequence[RetrievalScores], split, selection: Selection, scored_by: str) -> dict:
+    """One model on one split: the recalls of each run (seed), their means, and t2i R@1's sd over the runs."""
+    metrics = [retrieval_metrics(r.scores, r.caption_image) for r in runs]
+    out = {"split": split.name, "mcd": split.is_mcd, "compound_divergence": split.compound_divergence,
+           "images": len(selection.images), "captions": len(selection.captions), "runs": len(runs),
+           "scored_by": scored_by, **{k: float(np.mean([m[k] for m in metrics])) for k in METRICS}}
+    out["t2i_r1_sd"] = float(np.std([m["t2i_r1"] for m in metrics], ddof=1)) if len(runs) > 1 else None
+    return out
+
+
+def graded_table(rows: Sequence[dict]) -> list[dict]:
+    """Every row's split results (``row["graded"]``) as flat records with the model's name."""
+    return [{"model": r["model"], **g} for r in rows for g in r.get("graded") or []]
+
+
+def plot_graded(rows: Sequence[dict], path: str | Path, title: str) -> Path:
+    """Fig. 4 with every model: text->image R@1 against compound divergence, one line per model (mean over its
+    runs, the runs' sd as error bars), its MCD split starred; chance R@1 dotted."""
+    fig = Figure(figsize=(7.2, 4.6), dpi=120)
+    ax = fig.add_subplot()
+    colours = iter(["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                    "tab:gray", "tab:olive", "tab:cyan"] * 3)
+    sizes = set()
+    for row in rows:
+        results = row.get("graded") or []
+        if not results:
+            continue
+        colour = next(colours)
+        graded = sorted((g for g in results if not g["mcd"]), key=lambda g: g["compound_divergence"])
+        ax.errorbar([g["compound_divergence"] for g in graded], [g["t2i_r1"] for g in graded],
+                    yerr=[g["t2i_r1_sd"] or 0.0 for g in graded], fmt="o-", color=colour, markersize=3, capsize=2,
+                    linewidth=1.2, label=row["model"])
+        for g in results:
+            if g["mcd"]:
+                ax.plot([g["compound_divergence"]], [g["t2i_r1"]], "*", color=colour, markersize=13,
+                        markeredgecolor="k", zorder=5)
+        sizes |= {g["images"] for g in results}
+    if len(sizes) == 1:
+        ax.axhline(100.0 / next(iter(sizes)), color="k", linestyle=":", linewidth=1, label="chance R@1")
+    ax.set_xlabel("compound divergence of the split from the training captions (★: the MCD split)")
+    ax.set_ylabel("text→image R@1 (%)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6.5, loc="best")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(path)
+
+
+def write_graded(rows: Sequence[dict], out: str | Path, title: str, info: dict) -> bool:
+    """``graded.csv``, ``graded.json`` and ``graded.png`` in ``out`` (each atomically) when a row has split results."""
+    table = graded_table(rows)
+    if not table:
+        return False
+    out = Path(out)
+    atomic_write_csv(out / "graded.csv", table, COLUMNS)
+    atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table}, indent=2)
+    plot_graded(rows, out / "graded.png", title)
+    return True
