@@ -437,6 +437,11 @@ def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, 
     table = list(csv.DictReader((out / "graded.csv").open()))
     assert len(table) == 4 * 3 and table[0]["model"] == "VSE" and table[0]["mcd"] == "True"
     assert (out / "graded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # graded_splits_kept (--graded-splits) 1: the MCD split and the first graded split (the most divergent) only
+    kept = evaluate(load_leaderboard(tmp_path / "board.yaml"), only=["seed 1"], log=lambda line: None, graded=True,
+                    graded_splits_kept=1)
+    assert [g["split"] for g in kept[0]["graded"]] == ["mcd", "cd_0.2000_start1"]
+    assert kept[0]["graded"] == rows["seed 1"]["graded"][:2]
     # a graded split with an image the test set lacks: one line naming it, before any model is tested
     board_yaml["test_set"]["compositional_split"] = str(_world_splits(tiny_world, tmp_path, stray=True) / "mcd.json")
     (tmp_path / "stray.yaml").write_text(yaml.safe_dump(board_yaml))

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graded", action="store_true",
                    help="also test every model on the graded splits beside the test set's compositional_split "
                         "(Fig. 4 with every model: graded.csv, .json, .png)")
+    p.add_argument("--graded-splits", type=int, metavar="K",
+                   help="with --graded: only K of the graded splits, evenly spaced in divergence (default: all; a "
+                        "reranker runs its test loop on each)")
     args = p.parse_args(argv)
     try:
         board = load_leaderboard(args.config)
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise LeaderboardError(f"--only {unknown[0]}: not a model of {args.config}; one of {sorted(names)}")
         rows = evaluate(board, args.only or None, log=lambda line: print(line, file=sys.stderr, flush=True),
-                        graded=args.graded)
+                        graded=args.graded or args.graded_splits is not None, graded_splits_kept=args.graded_splits)
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -588,17 +588,18 @@ def evaluate_semclip(entry: ModelEntry, test_set: TestSet, dm, compositional_dm=
 
 
 def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[str], None] = print,
-             graded: bool = False) -> list[dict]:
+             graded: bool = False, graded_splits_kept: int | None = None) -> list[dict]:
     """Every model's row (skipped when its files are missing, an error line when its evaluation fails). The test
     set is read first: a test set that cannot be read raises :class:`LeaderboardError`. With ``graded``, each row
-    also gets its results on the MCD split's graded splits (``row["graded"]``, :mod:`grounding.leaderboard.graded`)."""
+    also gets its results on the MCD split's graded splits (``row["graded"]``, :mod:`grounding.leaderboard.graded`);
+    ``graded_splits_kept``: only that many of them, evenly spaced in divergence (a reranker tests each split)."""
     dm = reference_data(board.test_set)
     reference = Reference.of(dm)
     comp_dm = reference_data(board.test_set, compositional=True) if board.test_set.compositional_split else None
     comp_reference = Reference.of(comp_dm) if comp_dm is not None else None
     log(f"test set {board.test_set.name}: {reference.images} images, {reference.captions} captions"
         + (f"; compositional split {comp_reference.images} / {comp_reference.captions}" if comp_reference else ""))
-    splits = graded_splits(board.test_set, dm) if graded else []
+    splits = graded_splits(board.test_set, dm, graded_splits_kept) if graded else []
     if splits:
         log(f"graded splits: {len(splits)} (the MCD split and {len(splits) - 1} graded), compound divergence "
             f"{min(g.split.compound_divergence for g in splits):.3f}-{max(g.split.compound_divergence for g in splits):.3f}")
@@ -729,14 +730,19 @@ class GradedSplit:
     texts: list[str]
 
 
-def graded_splits(test_set: TestSet, dm) -> list[GradedSplit]:
+def graded_splits(test_set: TestSet, dm, kept: int | None = None) -> list[GradedSplit]:
     """The MCD split, then its graded splits by falling compound divergence (the folder of ``compositional_split``,
-    as ``python -m grounding.composer mcd`` wrote it), each located in the test set ``dm``."""
+    as ``python -m grounding.composer mcd`` wrote it; ``kept``: that many graded splits, evenly spaced in their
+    order, the first and last included), each located in the test set ``dm``."""
     if not test_set.compositional_split:
         raise LeaderboardError(f"test_set ({test_set.name}): --graded needs a compositional_split (the mcd.json of "
                                "`python -m grounding.composer mcd`, whose folder holds graded/*.json)")
+    if kept is not None and kept < 1:
+        raise LeaderboardError(f"--graded-splits {kept}: keep at least 1 graded split")
     try:
         found, _ = find_splits(resolve_path(test_set.compositional_split).parent)
+        if kept is not None and kept < len(found) - 1:
+            found = found[:1] + [found[1 + int(i)] for i in np.unique(np.linspace(0, len(found) - 2, kept).round())]
         splits = []
         for split in found:
             split_dm = reference_data(test_set, split_file=str(split.path))
