@@ -437,6 +437,9 @@ def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, 
     table = list(csv.DictReader((out / "graded.csv").open()))
     assert len(table) == 4 * 3 and table[0]["model"] == "VSE" and table[0]["mcd"] == "True"
     assert (out / "graded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trends = json.loads((out / "graded.json").read_text())["trends"]
+    assert set(trends) == set(rows) and trends["VSE"]["splits"] == 2 and "| ViLBERT-style | 1 | 2 |" in (
+        out / "graded.md").read_text()
     # graded_splits_kept (--graded-splits) 1: the MCD split and the first graded split (the most divergent) only
     kept = evaluate(load_leaderboard(tmp_path / "board.yaml"), only=["seed 1"], log=lambda line: None, graded=True,
                     graded_splits_kept=1)
@@ -447,3 +450,15 @@ def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, 
     (tmp_path / "stray.yaml").write_text(yaml.safe_dump(board_yaml))
     with pytest.raises(LeaderboardError, match=r"graded split cd_0.0500_start9: its image .* is not a test image"):
         evaluate(load_leaderboard(tmp_path / "stray.yaml"), log=lambda line: None, graded=True)
+
+
+def test_graded_trend_by_hand():
+    """R@1 30, 20, 10 at divergence 0.1, 0.2, 0.3 (the MCD split aside): slope -10 per 0.1, Spearman rho -1."""
+    from grounding.leaderboard.graded import markdown, trend
+
+    results = [{"mcd": True, "compound_divergence": 0.3, "t2i_r1": 12.0, "runs": 2}] + [
+        {"mcd": False, "compound_divergence": cd, "t2i_r1": r1, "runs": 2} for cd, r1 in ((0.3, 10.0), (0.1, 30.0), (0.2, 20.0))]
+    t = trend(results)
+    assert t["splits"] == 3 and t["mcd_t2i_r1"] == 12.0 and (t["least_t2i_r1"], t["most_t2i_r1"]) == (30.0, 10.0)
+    assert t["slope_per_0_1"] == pytest.approx(-10.0) and t["spearman_rho"] == pytest.approx(-1.0)
+    assert "| m | 2 | 3 | 30.0 (0.100) | 10.0 (0.300) | 12.0 | -10.0 | -1.00 |" in markdown([{"model": "m", "graded": results}])

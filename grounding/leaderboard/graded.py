@@ -25,10 +25,11 @@ from typing import Sequence
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from scipy.stats import spearmanr
 
 from grounding.errors import UserInputError
 from grounding.retrieval_metrics import RetrievalScores, flat_order, retrieval_metrics
-from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
 
 METRICS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
 COLUMNS = ("model", "split", "mcd", "compound_divergence", "images", "captions", "runs", *METRICS, "t2i_r1_sd",
@@ -97,6 +98,40 @@ def graded_table(rows: Sequence[dict]) -> list[dict]:
     return [{"model": r["model"], **g} for r in rows for g in r.get("graded") or []]
 
 
+def trend(results: Sequence[dict]) -> dict:
+    """How a model's text->image R@1 moves with compound divergence over its graded splits (the MCD split aside):
+    R@1 at the least and the most divergent split, the least-squares slope per 0.1 of divergence, and Spearman's
+    rho (the windows overlap, so neighbouring splits are not independent samples)."""
+    graded = sorted((g for g in results if not g["mcd"]), key=lambda g: g["compound_divergence"])
+    out = {"splits": len(graded)}
+    mcd = next((g for g in results if g["mcd"]), None)
+    if mcd is not None:
+        out["mcd_t2i_r1"] = mcd["t2i_r1"]
+    if len(graded) >= 2:
+        cd, r1 = np.array([g["compound_divergence"] for g in graded]), np.array([g["t2i_r1"] for g in graded])
+        out.update(least_cd=float(cd[0]), least_t2i_r1=float(r1[0]), most_cd=float(cd[-1]), most_t2i_r1=float(r1[-1]),
+                   slope_per_0_1=float(np.polyfit(cd, r1, 1)[0] * 0.1),
+                   spearman_rho=float(spearmanr(cd, r1)[0]) if np.ptp(r1) > 0 else None)
+    return out
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """One line per model with graded results: its :func:`trend`."""
+    lines = ["| model | runs | splits | t2i R@1, least divergent (CD) | most divergent (CD) | MCD split | slope per 0.1 CD "
+             "| Spearman ρ |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if not row.get("graded"):
+            continue
+        t = trend(row["graded"])
+        cell = {k: "–" if t.get(k) is None else f.format(t[k]) for k, f in (
+            ("least_t2i_r1", "{:.1f}"), ("least_cd", "{:.3f}"), ("most_t2i_r1", "{:.1f}"), ("most_cd", "{:.3f}"),
+            ("mcd_t2i_r1", "{:.1f}"), ("slope_per_0_1", "{:+.1f}"), ("spearman_rho", "{:+.2f}"))}
+        lines.append(f"| {row['model']} | {row['graded'][0]['runs']} | {t['splits']} | {cell['least_t2i_r1']} "
+                     f"({cell['least_cd']}) | {cell['most_t2i_r1']} ({cell['most_cd']}) | {cell['mcd_t2i_r1']} | "
+                     f"{cell['slope_per_0_1']} | {cell['spearman_rho']} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_graded(rows: Sequence[dict], path: str | Path, title: str) -> Path:
     """Fig. 4 with every model: text->image R@1 against compound divergence, one line per model (mean over its
     runs, the runs' sd as error bars), its MCD split starred; chance R@1 dotted."""
@@ -133,12 +168,15 @@ def plot_graded(rows: Sequence[dict], path: str | Path, title: str) -> Path:
 
 
 def write_graded(rows: Sequence[dict], out: str | Path, title: str, info: dict) -> bool:
-    """``graded.csv``, ``graded.json`` and ``graded.png`` in ``out`` (each atomically) when a row has split results."""
+    """``graded.csv``, ``graded.json`` (+ each model's :func:`trend`), ``graded.md`` (the trends) and ``graded.png`` in
+    ``out`` (each atomically) when a row has split results."""
     table = graded_table(rows)
     if not table:
         return False
     out = Path(out)
     atomic_write_csv(out / "graded.csv", table, COLUMNS)
-    atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table}, indent=2)
+    trends = {r["model"]: trend(r["graded"]) for r in rows if r.get("graded")}
+    atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table, "trends": trends}, indent=2)
+    atomic_write_text(out / "graded.md", f"# {title}\n\n{markdown(rows)}")
     plot_graded(rows, out / "graded.png", title)
     return True
