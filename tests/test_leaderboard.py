@@ -91,6 +91,16 @@ def tiny_region_setup(tiny_world) -> tuple[dict, dict, dict]:
     return offline, flickr, data
 
 
+def _tiny_vse_and_vilbert(tiny_world, tmp_path) -> tuple[dict, str, str]:
+    """The world's Flickr reader and tiny VSE and ViLBERT-style configs on it (a first stage and a reranker)."""
+    offline, flickr, data = tiny_region_setup(tiny_world)
+    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
+    vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
+                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
+                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+    return flickr, vse, vilbert
+
+
 def _fit(config: str, out, *extra) -> str:
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
@@ -278,11 +288,7 @@ def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, 
     the 5 test images only. Reranking inside the top 2 moves no image across rank 2, and the rest keep VSE's order,
     so text->image R@5 and R@10 are VSE's; the logged ceiling is VSE's R@2 on the same queries."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline, flickr, data = tiny_region_setup(tiny_world)
-    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
-    vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
-                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
-                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, tmp_path)
     ckpts = {"vse": _fit(vse, tmp_path / "run_vse"), "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
                   "models": [{"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
@@ -398,11 +404,7 @@ def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, 
     gets its test matrix restricted to each split, which equals its own `test` on that split file; a reranker runs its
     test loop on each split. On the MCD split both equal the row's compositional column."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline, flickr, data = tiny_region_setup(tiny_world)
-    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
-    vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
-                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
-                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, tmp_path)
     ckpts = {"vse": _fit(vse, tmp_path / "seed0"), "vse1": _fit(vse, tmp_path / "seed1", "--seed_everything=1"),
              "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
     splits = _world_splits(tiny_world, tmp_path)
