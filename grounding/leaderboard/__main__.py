@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also test every model on the graded splits beside the test set's compositional_split "
                         "(Fig. 4 with every model: graded.csv, .json, .png)")
     p.add_argument("--graded-splits", type=int, metavar="K",
-                   help="with --graded: only K of the graded splits, evenly spaced in divergence (default: all; a "
-                        "reranker runs its test loop on each)")
+                   help="with --graded: a reranker (a test run per split) tests only K of the graded splits, evenly "
+                        "spaced in divergence (default: all; the other rows always get all)")
     args = p.parse_args(argv)
     try:
         board = load_leaderboard(args.config)

@@ -592,14 +592,17 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
     """Every model's row (skipped when its files are missing, an error line when its evaluation fails). The test
     set is read first: a test set that cannot be read raises :class:`LeaderboardError`. With ``graded``, each row
     also gets its results on the MCD split's graded splits (``row["graded"]``, :mod:`grounding.leaderboard.graded`);
-    ``graded_splits_kept``: only that many of them, evenly spaced in divergence (a reranker tests each split)."""
+    ``graded_splits_kept``: a reranker (a test run per split) tests only that many of them, evenly spaced in
+    divergence; the other rows cost nothing per split and get them all."""
     dm = reference_data(board.test_set)
     reference = Reference.of(dm)
     comp_dm = reference_data(board.test_set, compositional=True) if board.test_set.compositional_split else None
     comp_reference = Reference.of(comp_dm) if comp_dm is not None else None
     log(f"test set {board.test_set.name}: {reference.images} images, {reference.captions} captions"
         + (f"; compositional split {comp_reference.images} / {comp_reference.captions}" if comp_reference else ""))
-    splits = graded_splits(board.test_set, dm, graded_splits_kept) if graded else []
+    if graded_splits_kept is not None and graded_splits_kept < 1:
+        raise LeaderboardError(f"--graded-splits {graded_splits_kept}: keep at least 1 graded split")
+    splits = graded_splits(board.test_set, dm) if graded else []
     if splits:
         log(f"graded splits: {len(splits)} (the MCD split and {len(splits) - 1} graded), compound divergence "
             f"{min(g.split.compound_divergence for g in splits):.3f}-{max(g.split.compound_divergence for g in splits):.3f}")
@@ -653,7 +656,8 @@ def evaluate(board: Leaderboard, only: list[str] | None = None, log: Callable[[s
                     if entry.first_stage:
                         row["first_stage"] = f"{entry.first_stage}, {row.get('first_stage') or f'top {entry.rerank_top_k}'}"
                 if splits and entry.name in kept:  # (SemCLIP's store keeps no test matrix: no graded results)
-                    row["graded"] = graded_results(entry, kept, splits, board.test_set, workdir, log)
+                    row["graded"] = graded_results(entry, kept, splits, board.test_set, workdir, log,
+                                                   graded_splits_kept)
                 row["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one model's failure is its row's error line, the others still run
                 row["status"] = f"error: {' '.join(str(e).split())[:300]}"
@@ -730,19 +734,14 @@ class GradedSplit:
     texts: list[str]
 
 
-def graded_splits(test_set: TestSet, dm, kept: int | None = None) -> list[GradedSplit]:
+def graded_splits(test_set: TestSet, dm) -> list[GradedSplit]:
     """The MCD split, then its graded splits by falling compound divergence (the folder of ``compositional_split``,
-    as ``python -m grounding.composer mcd`` wrote it; ``kept``: that many graded splits, evenly spaced in their
-    order, the first and last included), each located in the test set ``dm``."""
+    as ``python -m grounding.composer mcd`` wrote it), each located in the test set ``dm``."""
     if not test_set.compositional_split:
         raise LeaderboardError(f"test_set ({test_set.name}): --graded needs a compositional_split (the mcd.json of "
                                "`python -m grounding.composer mcd`, whose folder holds graded/*.json)")
-    if kept is not None and kept < 1:
-        raise LeaderboardError(f"--graded-splits {kept}: keep at least 1 graded split")
     try:
         found, _ = find_splits(resolve_path(test_set.compositional_split).parent)
-        if kept is not None and kept < len(found) - 1:
-            found = found[:1] + [found[1 + int(i)] for i in np.unique(np.linspace(0, len(found) - 2, kept).round())]
         splits = []
         for split in found:
             split_dm = reference_data(test_set, split_file=str(split.path))
@@ -753,13 +752,21 @@ def graded_splits(test_set: TestSet, dm, kept: int | None = None) -> list[Graded
     return splits
 
 
+def evenly_spaced(splits: list[GradedSplit], kept: int | None) -> list[GradedSplit]:
+    """The MCD split and ``kept`` of the graded splits after it, evenly spaced in their order (the first and the
+    last included when ``kept`` >= 2); all of them when ``kept`` is None or not smaller."""
+    if kept is None or kept >= len(splits) - 1:
+        return splits
+    return splits[:1] + [splits[1 + int(i)] for i in np.unique(np.linspace(0, len(splits) - 2, kept).round())]
+
+
 def graded_results(entry: ModelEntry, kept: dict, splits: list[GradedSplit], test_set: TestSet, workdir,
-                   log: Callable[[str], None] = print) -> list[dict]:
+                   log: Callable[[str], None] = print, rerank_kept: int | None = None) -> list[dict]:
     """``entry``'s results on every split (each of its runs: seeds). A row that reranks nothing: its test matrices
     restricted to the split, after checking on the MCD split that the restriction gives what its own test loop on
     that split gave. An ensemble: its members' restricted matrices fused on each split (as its compositional column
-    fuses their runs on the MCD split; the z-scores are the split's). A reranker: its test loop on each split,
-    reranking the first stage's restricted matrix."""
+    fuses their runs on the MCD split; the z-scores are the split's). A reranker: its test loop on each split
+    (``rerank_kept`` of them: :func:`evenly_spaced`), reranking the first stage's restricted matrix."""
     own = kept[entry.name]
     runs = [own["test"][0]] + [s for s, _ in own.get("seeds", [])]
     mcd = next((g for g in splits if g.split.is_mcd), None)
@@ -783,6 +790,7 @@ def graded_results(entry: ModelEntry, kept: dict, splits: list[GradedSplit], tes
     first = kept[entry.first_stage]["test"][0]
     replicas = [entry] + [replace(entry, ckpt=str(c)) for c in entry.seed_checkpoints()]
     results = []
+    splits = evenly_spaced(splits, rerank_kept)
     for i, g in enumerate(splits, 1):
         start = time.perf_counter()
         if g.split.is_mcd and "comp" in own:  # its compositional-split runs are this split's
