@@ -442,6 +442,10 @@ def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, 
     trends = json.loads((out / "graded.json").read_text())["trends"]
     assert set(trends) == set(rows) and trends["VSE"]["splits"] == 2 and "| ViLBERT-style | 1 | 2 |" in (
         out / "graded.md").read_text()
+    # a table whose rows have no graded results any more (re-tested without --graded): no stale graded files
+    write_outputs([{k: v for k, v in r.items() if k != "graded"} for r in rows.values()],
+                  load_leaderboard(tmp_path / "board.yaml"))
+    assert not list(out.glob("graded.*")) and (out / "leaderboard.md").is_file()
     # graded_splits_kept (--graded-splits) 1: the reranker tests the MCD split and the first graded split (the most
     # divergent) only; its first stage, which costs no test run per split, still gets every split
     kept = {r["model"]: r for r in evaluate(load_leaderboard(tmp_path / "board.yaml"), only=["ViLBERT-style"],

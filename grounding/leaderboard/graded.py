@@ -36,6 +36,9 @@ COLUMNS = ("model", "split", "mcd", "compound_divergence", "images", "captions",
            "scored_by")
 
 
+GRADED_FILES = ("graded.csv", "graded.json", "graded.md", "graded.png")
+
+
 class GradedSplitError(UserInputError, ValueError):
     """A graded split that is not a subset of the leaderboard's test set (one line, exit status 2)."""
 
@@ -169,11 +172,14 @@ def plot_graded(rows: Sequence[dict], path: str | Path, title: str) -> Path:
 
 def write_graded(rows: Sequence[dict], out: str | Path, title: str, info: dict) -> bool:
     """``graded.csv``, ``graded.json`` (+ each model's :func:`trend`), ``graded.md`` (the trends) and ``graded.png`` in
-    ``out`` (each atomically) when a row has split results."""
+    ``out`` (each atomically) when a row has split results; when none has, those files of an earlier run are removed
+    (they would describe rows the table no longer holds)."""
     table = graded_table(rows)
-    if not table:
-        return False
     out = Path(out)
+    if not table:
+        for name in GRADED_FILES:
+            (out / name).unlink(missing_ok=True)
+        return False
     atomic_write_csv(out / "graded.csv", table, COLUMNS)
     trends = {r["model"]: trend(r["graded"]) for r in rows if r.get("graded")}
     atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table, "trends": trends}, indent=2)
