@@ -1,9 +1,9 @@
 """Every leaderboard model on the graded splits of compound divergence (COMPOSER §5.1, Fig. 4, with every row).
 
-``python -m grounding composer mcd`` writes, beside the MCD split, graded splits: windows of the candidates sorted by
+``python -m grounding.composer mcd`` writes, beside the MCD split, graded splits: windows of the candidates sorted by
 how much each raises the compound divergence from the training captions (``graded/*.json``, Karpathy JSON, every
 one a subset of the test images with all their captions). ``python -m grounding.leaderboard --graded`` tests every
-row on each of them and writes ``graded.csv``, ``graded.json`` and ``graded.png`` beside the leaderboard: text->image
+row on each of them and writes ``graded.csv``, ``.json``, ``.md`` and ``.png`` beside the leaderboard: text->image
 R@1 against compound divergence, one line per model, the MCD split starred (the paper plots COMPOSER and ViLBERT).
 
 A model that scores every (caption, image) pair on its own (a dual encoder, VSE, VG-BERT's match map, an ensemble
