@@ -24,7 +24,8 @@ CLI := $(PY) -m grounding
 
 .PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline semclip-flickr8k \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate composer-splits \
-        composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k leaderboard-flickr8k-full scaling-flickr8k
+        composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k leaderboard-flickr8k-full scaling-flickr8k \
+        cache-list cache-prune
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
 STE_OUT ?= outputs/semclip/ste_wordnet
@@ -509,6 +510,16 @@ demo-semclip: install  ## SemCLIP at tiny scale: `make semclip` on the demo's ba
 	$(MAKE) --no-print-directory semclip
 	$(PY) -m grounding.semclip report --ste $(SEMCLIP_STE_OUT)/embedding --out reports/semclip/$(notdir $(SEMCLIP_STE_OUT)) --encoders \
 	  --cap-statistics false
+
+# The frozen-backbone feature caches are keyed by backbone, weights, transform and file list, so a changed list or model
+# leaves the old folder behind: prune removes damaged caches, killed builds and caches unused for 30 days
+# (CACHE_PRUNE_ARGS: --unused-days D, --max-size 2GB, --dry-run); a cache used in the last hour or mapped by a running
+# job is kept.
+cache-list: install  ## the feature caches: backbone, images, size, built, last used, status
+	$(PY) -m grounding.feature_cache list
+
+cache-prune: install  ## remove feature caches nobody needs (CACHE_PRUNE_ARGS, e.g. "--max-size 2GB --dry-run")
+	$(PY) -m grounding.feature_cache prune $(CACHE_PRUNE_ARGS)
 
 clean:  ## remove generated data, outputs and caches (keeps .venv)
 	rm -rf data/world outputs reports .cache

@@ -221,7 +221,17 @@ def open_cache(path: str | os.PathLike) -> np.ndarray:
     if problem:
         raise FeatureCacheError(f"feature cache {path} cannot be used ({problem}); rerun the command to rebuild it "
                                 "(a damaged cache is replaced automatically) or delete the folder.")
+    mark_used(path)
     return np.load(data_file, mmap_mode="r")
+
+
+def mark_used(path: str | os.PathLike) -> None:
+    """Record that the cache folder ``path`` was used now (``meta.json``'s mtime: what :func:`prune` and
+    ``list`` read as "last used"); a read-only cache stays unmarked."""
+    try:
+        os.utime(Path(path) / "meta.json")
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------------------ temporaries of killed builds
@@ -377,6 +387,7 @@ def build_or_load(backbone: torch.nn.Module, dataset, root: str | os.PathLike | 
     if path.exists() or path.is_symlink():
         problem = cache_problem(path, key)
         if problem is None:
+            mark_used(path)
             return CachedFeatureLoader(path)
         if not build:
             raise FeatureCacheError(f"feature cache {path} cannot be used ({problem}); the rank that builds it "
@@ -516,3 +527,182 @@ class FeatureCache(Callback):
                 loader = build_or_load(backbone, ds, self.cache_dir, build=False)
             attach(ds, loader)
             self._attached.add((id(ds), fingerprint))
+
+
+# ------------------------------------------------------------------------------ inventory and pruning
+# A cache used this recently may still be read by a running job (DataLoader workers reopen it every epoch):
+# prune keeps it whatever its size or age.
+RECENT_USE_S = 3600
+SIZE_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12}
+
+
+class CacheEntry:
+    """One folder of the cache root as ``list`` shows it and :func:`prune` weighs it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.temporary = bool(TEMP_NAME.match(path.name))
+        self.problem = None if self.temporary else cache_problem(path)
+        self.size = folder_size(path)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        self.meta = meta if isinstance(meta, dict) else {}
+        self.last_used = self._mtime("meta.json") or newest_mtime(path)
+        self.built = self._mtime("features.npy") or self.last_used
+
+    def _mtime(self, name: str) -> float | None:
+        try:
+            return (self.path / name).stat().st_mtime
+        except OSError:
+            return None
+
+    @property
+    def status(self) -> str:
+        if self.temporary:
+            return "build in progress or killed"
+        return "sound" if self.problem is None else f"damaged: {self.problem}"
+
+
+def cache_entries(root: str | os.PathLike | None = None) -> list[CacheEntry]:
+    """Every folder under the cache root (default ``<cache_dir()>/features``), most recently used first."""
+    root = Path(root) if root is not None else cache_dir() / "features"
+    try:
+        folders = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    entries = []
+    for folder in folders:
+        try:
+            entries.append(CacheEntry(folder))
+        except OSError:  # removed meanwhile
+            continue
+    return sorted(entries, key=lambda e: -e.last_used)
+
+
+def mapped_cache_folders() -> set[Path]:
+    """Cache folders whose ``features.npy`` a running process has memory-mapped now (Linux ``/proc/*/maps``;
+    an empty set elsewhere): prune never removes those."""
+    folders = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.endswith("/features.npy"):
+                folders.add(Path(line.split(None, 5)[-1]).parent)
+    return folders
+
+
+def parse_size(text: str) -> int:
+    """"2GB", "500 MB", "1.5G" -> bytes (powers of 1000, like :func:`format_size`)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else None
+    if unit not in SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size; expected a number with an optional unit, e.g. 2GB or 500MB")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def prune(root: str | os.PathLike | None = None, unused_days: float = 30.0, max_size: int | None = None,
+          dry_run: bool = False, now: float | None = None) -> tuple[list[tuple[CacheEntry, str]], list[CacheEntry]]:
+    """Remove the cache folders nobody needs: damaged ones, temporaries of killed builds (:func:`stale_reason`),
+    those unused for ``unused_days``, then, least recently used first, as many as it takes to bring the rest under
+    ``max_size`` bytes. A folder used in the last :data:`RECENT_USE_S` or mapped by a running process is kept.
+    Returns (removed entries with the reason, kept entries); ``dry_run`` removes nothing."""
+    now = time.time() if now is None else now
+    mapped = {p.resolve() for p in mapped_cache_folders()}
+    removed, kept = [], []
+    for entry in cache_entries(root):
+        in_use = now - entry.last_used < RECENT_USE_S or entry.path.resolve() in mapped
+        reason = None
+        if entry.temporary:
+            reason = stale_reason(entry.path, now)
+            reason = f"abandoned build ({reason})" if reason else None
+        elif in_use:
+            reason = None
+        elif entry.problem is not None:
+            reason = f"damaged ({entry.problem})"
+        elif now - entry.last_used > unused_days * 86400:
+            reason = f"unused for {(now - entry.last_used) / 86400:.1f} days"
+        (removed.append((entry, reason)) if reason else kept.append(entry))
+    if max_size is not None:
+        total = sum(e.size for e in kept)
+        for entry in sorted(kept, key=lambda e: e.last_used):  # least recently used first
+            if total <= max_size:
+                break
+            if entry.temporary or now - entry.last_used < RECENT_USE_S or entry.path.resolve() in mapped:
+                continue
+            removed.append((entry, f"least recently used while the caches exceed {format_size(max_size)}"))
+            kept.remove(entry)
+            total -= entry.size
+    if not dry_run:
+        for entry, _reason in removed:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return removed, kept
+
+
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def list_table(entries: list[CacheEntry]) -> str:
+    """The ``list`` command's Markdown table, with a total line."""
+    lines = ["| folder | backbone | images | feature map | size | built | last used | status | first photo |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        shape = e.meta.get("shape") or []
+        lines.append(f"| {e.path.name} | {e.meta.get('backbone', '–')} | {e.meta.get('n_images', '–')} | "
+                     f"{'×'.join(map(str, shape[1:])) or '–'} | {format_size(e.size)} | {when(e.built)} | "
+                     f"{when(e.last_used)} | {e.status} | {e.meta.get('first_path') or '–'} |")
+    lines.append(f"\n{len(entries)} folders, {format_size(sum(e.size for e in entries))}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grounding.feature_cache list|prune``: see what the frozen-backbone caches hold, free the disk."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m grounding.feature_cache", allow_abbrev=False,
+                                description="List or prune the frozen-backbone feature caches "
+                                            "($GROUNDING_CACHE/features, default .cache/features).")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("list", "every cache folder: backbone, images, size, when built and last used"),
+                            ("prune", "remove damaged caches, killed builds, caches unused for --unused-days, and "
+                                      "least recently used ones beyond --max-size")):
+        cmd = sub.add_parser(name, help=help_text, allow_abbrev=False)
+        cmd.add_argument("--root", help="the cache root (default: the suite's features folder)")
+    prune_cmd = sub.choices["prune"]
+    prune_cmd.add_argument("--unused-days", type=float, default=30.0, metavar="D",
+                           help="remove caches not used for D days (default 30)")
+    prune_cmd.add_argument("--max-size", metavar="SIZE", help="then remove least recently used caches until the rest "
+                           "fit in SIZE (e.g. 2GB)")
+    prune_cmd.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    args = p.parse_args(argv)
+    root = Path(args.root) if args.root else cache_dir() / "features"
+    if args.root and not root.is_dir():
+        print(f"python -m grounding.feature_cache: error: --root {root}: no such folder; expected a feature-cache "
+              "root (default .cache/features)", file=sys.stderr)
+        return 2
+    if args.command == "list":
+        print(list_table(cache_entries(root)))
+        return 0
+    try:
+        max_size = parse_size(args.max_size) if args.max_size is not None else None
+        if args.unused_days < 0:
+            raise ValueError(f"{args.unused_days:g} is negative; expected a number of days ≥ 0")
+    except ValueError as e:
+        print(f"python -m grounding.feature_cache prune: error: {e}", file=sys.stderr)
+        return 2
+    removed, kept = prune(root, args.unused_days, max_size, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for entry, reason in removed:
+        print(f"{verb} {entry.path} ({format_size(entry.size)}): {reason}")
+    print(f"{verb} {len(removed)} folders, {format_size(sum(e.size for e, _ in removed))}; kept {len(kept)}, "
+          f"{format_size(sum(e.size for e in kept))} in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -314,3 +315,117 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path):
     out = term.getvalue()
     assert "feature cache:   0%|" in out and "/20 images (" not in out  # the tqdm bar instead of lines
     assert out.startswith(f"building feature cache {tmp_path / 'c'}: 20 images with cnn on cpu\n")
+
+
+# ------------------------------------------------------------------------------ list and prune
+DAY = 86400.0
+
+
+def caches_of_three_backbones(ds, root) -> list[Path]:
+    """Three sound cache folders of ``ds`` (one per tiny backbone, each seeded differently)."""
+    paths = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        paths.append(build(load_visual_backbone("tiny_cnn", weights=None), ds, root).path)
+    assert len(set(paths)) == 3
+    return paths
+
+
+def last_used(path: Path, days_ago: float) -> None:
+    t = time.time() - days_ago * DAY
+    os.utime(path / "meta.json", (t, t))
+
+
+def test_reuse_and_open_mark_a_cache_used(world):
+    backbone, ds, root = world
+    path = build(backbone, ds, root).path
+    for use in (lambda: build(backbone, ds, root), lambda: fcache.open_cache(path)):
+        last_used(path, 40)
+        use()
+        assert time.time() - (path / "meta.json").stat().st_mtime < 60
+    assert fcache.cache_problem(path) is None  # marking touches the mtime only
+
+
+def test_prune_removes_damaged_abandoned_and_unused_keeps_recent_and_live(world):
+    _backbone, ds, root = world
+    old, recent, damaged = caches_of_three_backbones(ds, root)
+    last_used(old, 40)
+    last_used(recent, 10)
+    os.truncate(damaged / "features.npy", 1000)
+    last_used(damaged, 2)
+    abandoned = temp_folder(root, old.name, {**fcache.owner_record(), "pid": dead_pid()})
+    running = temp_folder(root, old.name, fcache.owner_record())  # a build of this process
+    everything = {old, recent, damaged, abandoned, running}
+
+    removed, kept = fcache.prune(root, unused_days=30, dry_run=True)
+    assert {e.path for e, _ in removed} == {old, damaged, abandoned}
+    assert {e.path for e in kept} == {recent, running}
+    assert all(p.exists() for p in everything)  # a dry run removes nothing
+    reasons = {e.path: r for e, r in removed}
+    assert reasons[old].startswith("unused for 40.0 days")
+    assert reasons[damaged].startswith("damaged (truncated: features.npy holds 1.0 kB of ")
+    assert reasons[abandoned].startswith("abandoned build (its build, pid")
+
+    fcache.prune(root, unused_days=30)
+    assert {p for p in everything if p.exists()} == {recent, running}
+    assert fcache.cache_problem(recent) is None
+
+
+def test_prune_max_size_removes_least_recently_used_first_never_one_in_use(world):
+    _backbone, ds, root = world
+    a, b, c = caches_of_three_backbones(ds, root)  # the same size each
+    size = fcache.folder_size(a)
+    for path, days in ((a, 3), (b, 2), (c, 1)):
+        last_used(path, days)
+    removed, kept = fcache.prune(root, unused_days=30, max_size=size, dry_run=True)
+    assert [e.path for e, _ in removed] == [a, b]  # least recently used first, until one cache's size is left
+    assert removed[0][1] == f"least recently used while the caches exceed {fcache.format_size(size)}"
+    assert [e.path for e in kept] == [c]
+
+    fcache.mark_used(a)  # used a minute ago: a job may still read it
+    removed, _ = fcache.prune(root, unused_days=0, max_size=0, dry_run=True)
+    assert {e.path for e, _ in removed} == {b, c}
+
+    last_used(a, 3)
+    mapped = np.load(a / "features.npy", mmap_mode="r")  # a running job maps it (this process)
+    if sys.platform.startswith("linux"):
+        assert a.resolve() in fcache.mapped_cache_folders()
+        removed, _ = fcache.prune(root, unused_days=0, max_size=0)
+        assert {e.path for e, _ in removed} == {b, c} and a.exists() and not b.exists()
+    del mapped
+
+
+def test_parse_size_hand_computed():
+    assert fcache.parse_size("2GB") == 2_000_000_000
+    assert fcache.parse_size("500 mb") == 500_000_000
+    assert fcache.parse_size("1.5G") == 1_500_000_000
+    assert fcache.parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="'2 parsecs' is not a size"):
+        fcache.parse_size("2 parsecs")
+
+
+def test_list_and_prune_commands(world, capsys):
+    _backbone, ds, root = world
+    old, recent, _third = caches_of_three_backbones(ds, root)
+    last_used(old, 40)
+    assert fcache.main(["list", "--root", str(root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in out if ln.startswith("| tiny_cnn-")]
+    assert len(rows) == 3 and rows[-1].startswith(f"| {old.name} | tiny_cnn | 5 | ")  # most recently used first
+    assert f"| {fcache.when(time.time() - 40 * DAY)} | sound | {ds.image_paths[0]} |" in rows[-1]
+    assert out[-1] == f"3 folders, {fcache.format_size(sum(fcache.folder_size(p) for p in root.iterdir()))}"
+
+    assert fcache.main(["prune", "--root", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"would remove {old} (") and out[0].endswith("): unused for 40.0 days")
+    assert out[-1].startswith("would remove 1 folders, ") and old.exists()
+    assert fcache.main(["prune", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.startswith(f"removed {old} (") and not old.exists() and recent.exists()
+
+    for argv, message in ((["prune", "--root", str(root), "--max-size", "2 parsecs"], "'2 parsecs' is not a size"),
+                          (["prune", "--root", str(root), "--unused-days", "-1"], "-1 is negative"),
+                          (["list", "--root", str(root / "nowhere")], "no such folder")):
+        assert fcache.main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0]
+    assert sorted(p.name for p in root.iterdir()) == sorted([recent.name, _third.name])  # bad input removed nothing
