@@ -403,7 +403,10 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 	    STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet; \
 	  $(call link_best,outputs/vgbert/baseline_flickr8k_full); \
 	  test -f outputs/semclip/align_flickr8k_full/transform.pt || \
-	    $(CLI) fit --config experiments/semclip/align_flickr8k_full.yaml;; esac
+	    $(CLI) fit --config experiments/semclip/align_flickr8k_full.yaml; \
+	  $(call link_best,outputs/vgbert/baseline_unlocked_flickr8k_full); \
+	  test -f outputs/semclip/align_flickr8k_unlocked_full/transform.pt || \
+	    $(CLI) fit --config experiments/semclip/align_flickr8k_unlocked_full.yaml;; esac
 	@test -f outputs/composer/mcd_flickr8k_full/mcd.json || \
 	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k_full.yaml
 	$(PY) -m grounding.leaderboard --config experiments/leaderboard/flickr8k_full.yaml $(LEADERBOARD_ARGS)

@@ -470,3 +470,27 @@ def test_graded_trend_by_hand():
     assert t["splits"] == 3 and t["mcd_t2i_r1"] == 12.0 and (t["least_t2i_r1"], t["most_t2i_r1"]) == (30.0, 10.0)
     assert t["slope_per_0_1"] == pytest.approx(-10.0) and t["spearman_rho"] == pytest.approx(-1.0)
     assert "| m | 2 | 3 | 30.0 (0.100) | 10.0 (0.300) | 12.0 | -10.0 | -1.00 |" in markdown([{"model": "m", "graded": results}])
+
+
+def test_semclip_row_refuses_a_transform_fitted_on_another_vlm(tiny_world, tmp_path, monkeypatch):
+    """The row's VLM must be the one Γ_t was fitted on (the transform file records it): else the row is an error
+    naming both, not a store whose images and queries live in another space."""
+    from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
+
+    from grounding.semclip.alignment import AlignmentTransform, save_transform
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    fitted_on, other = tiny_baseline_ckpt(tmp_path / "vlm_a"), tiny_baseline_ckpt(tmp_path / "vlm_b", seed=1)
+    ste = tiny_world_ste(tmp_path / "ste")
+    transform = save_transform(AlignmentTransform(384, 16, hidden=8), tmp_path / "transform.pt",
+                               vlm=f"suite:{fitted_on}")
+    flickr = {"class_path": "data_modules.FlickrDataModule",
+              "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
+    path = tmp_path / "board.yaml"
+    path.write_text(yaml.safe_dump({"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "out"),
+                                    "models": [{"name": "SemCLIP", "command": "make semclip", "semclip": {
+                                        "vlm": f"suite:{other}", "transform": str(transform), "ste": str(ste)}}]}))
+    (row,) = evaluate(load_leaderboard(str(path)), log=lambda line: None)
+    expected = (f"error: Γ_t {transform} was fitted on the VLM suite:{fitted_on}, but it is queried through "
+                f"suite:{other}: name the same checkpoint (semclip.vlm) or refit Γ_t on this VLM.")
+    assert row["status"] == expected[:len("error: ") + 300]  # (a row's error line keeps 300 characters)

@@ -137,3 +137,30 @@ def test_vlm_protocol_and_missing_clip(tmp_path):
     assert isinstance(Toy(), VLM)
     with pytest.raises(FileNotFoundError, match="No CLIP weights"):
         HFCLIP(str(tmp_path / "absent"))
+
+
+def test_transform_refused_through_another_vlm_than_it_was_fitted_on(tmp_path):
+    """Γ_t maps one VLM's text space: a row or command that queries it through another checkpoint (e.g. the same
+    model's last epoch when Γ_t was fitted on the dev-best) is refused with one line naming both."""
+    import os
+    import shutil
+
+    from grounding.semclip.alignment import AlignmentMismatchError, check_fitted_vlm
+
+    best, last = tmp_path / "best-epoch012.ckpt", tmp_path / "last.ckpt"
+    best.write_bytes(b"dev-best weights")
+    last.write_bytes(b"last-epoch weight")
+    os.link(best, tmp_path / "best.ckpt")  # what `make` links
+    shutil.copy(best, tmp_path / "copy.ckpt")
+    fitted = {"vlm": f"suite:{tmp_path / 'best.ckpt'}"}
+    for same in (best, tmp_path / "best.ckpt", tmp_path / "copy.ckpt"):
+        check_fitted_vlm(fitted, f"suite:{same}", "t.pt")  # the same checkpoint: a link or a copy
+    with pytest.raises(AlignmentMismatchError) as err:
+        check_fitted_vlm(fitted, f"suite:{last}", "t.pt")
+    assert str(err.value) == (f"Γ_t t.pt was fitted on the VLM suite:{tmp_path / 'best.ckpt'}, but it is queried "
+                              f"through suite:{last}: name the same checkpoint (semclip.vlm) or refit Γ_t on this VLM.")
+    with pytest.raises(AlignmentMismatchError):
+        check_fitted_vlm(fitted, "hf-clip:models/clip-vit-base-patch32", "t.pt")
+    check_fitted_vlm({"vlm": "hf-clip:models/clip"}, "hf-clip:models/clip", "t.pt")
+    check_fitted_vlm({}, f"suite:{last}", "t.pt")  # an unrecorded VLM (an older transform file) cannot be checked
+    check_fitted_vlm({"vlm": f"suite:{tmp_path / 'gone.ckpt'}"}, f"suite:{last}", "t.pt")  # nor a vanished one

@@ -46,7 +46,7 @@ from grounding.leaderboard.board import ModelEntry, TestSet, missing_files, refe
 from grounding.lexicon import wordnet
 from grounding.nets import class_of
 from grounding.paths import cache_dir, resolve_path
-from grounding.semclip.alignment import load_transform
+from grounding.semclip.alignment import check_fitted_vlm, load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
 from grounding.semclip.vlm import SuiteVLM, cosine_scores, load_vlm
@@ -429,7 +429,8 @@ class SemCLIPModel(ExplorerModel):
             spec = f"suite:{resolve_path(spec.removeprefix('suite:'))}"
         self.vlm = load_vlm(spec)
         transform_path, ste_path = resolve_path(entry.semclip["transform"]), resolve_path(entry.semclip["ste"])
-        transform, _ = load_transform(transform_path)
+        transform, provenance = load_transform(transform_path)
+        check_fitted_vlm(provenance, entry.semclip["vlm"], transform_path)
         self.store = SemCLIPStore(self.vlm, transform, STEEmbedding.load(ste_path),
                                   query_mode=entry.semclip.get("query_mode", "ste"))
         if not gallery.bank:

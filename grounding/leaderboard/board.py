@@ -83,7 +83,7 @@ from grounding.retrieval_metrics import (
     save_first_stage,
     subset_t2i_recalls,
 )
-from grounding.semclip.alignment import load_transform
+from grounding.semclip.alignment import check_fitted_vlm, load_transform
 from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import SemCLIPStore
 from grounding.semclip.vlm import load_vlm
@@ -555,9 +555,10 @@ def seed_mean_row(runs: list[RetrievalScores], comp_r1: list, texts: list[str], 
 
 def _semclip_scores(entry: ModelEntry, dm, bank: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str], float, tuple]:
     test = dm.test_dataset
-    transform, _ = load_transform(resolve_path(entry.semclip["transform"]))
-    ste = STEEmbedding.load(resolve_path(entry.semclip["ste"]))
+    transform, provenance = load_transform(resolve_path(entry.semclip["transform"]))
     spec = entry.semclip["vlm"]
+    check_fitted_vlm(provenance, spec, entry.semclip["transform"])
+    ste = STEEmbedding.load(resolve_path(entry.semclip["ste"]))
     vlm = load_vlm(f"suite:{resolve_path(spec.removeprefix('suite:'))}" if spec.startswith("suite:") else spec)
     texts = _flat_captions(test)
     store = SemCLIPStore(vlm, transform, ste, query_mode=entry.semclip.get("query_mode", "ste"))

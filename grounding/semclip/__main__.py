@@ -30,7 +30,7 @@ from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_li
 from grounding.checkpoints import require_checkpoint_of
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
-from grounding.semclip.alignment import load_transform, minilm_lexical_variants
+from grounding.semclip.alignment import check_fitted_vlm, load_transform, minilm_lexical_variants
 from grounding.semclip.alignment_data import AlignmentPairsDataModule, read_captions
 from grounding.semclip.evaluation import write_report
 from grounding.semclip.photo_evaluation import (
@@ -102,6 +102,8 @@ def _evaluate(args):
     # the pairs' settings recorded at training time win over the config (CLI overrides of `fit` included)
     accepted = set(inspect.signature(AlignmentPairsDataModule.__init__).parameters) - {"self"}
     dm_args = {k: v for k, v in {**cfg["data"], **provenance}.items() if k in accepted}
+    if args.vlm:
+        check_fitted_vlm(provenance, args.vlm, transform_path)
     for key in ("vlm", "ste", "captions"):
         if getattr(args, key):
             dm_args[key] = getattr(args, key)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
@@ -25,14 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
-from grounding.errors import MissingInputError
+from grounding.errors import MissingInputError, UserInputError
 from grounding.lexicon import load_spacy, wordnet
 from grounding.nets import RecordedNet, net_hparams
-from grounding.paths import cache_dir
+from grounding.paths import cache_dir, resolve_path
 from grounding.retrieval_metrics import break_ties
 from grounding.semclip.evaluation import TextEncoderEmbedder, cached_encode
 from grounding.semclip.ste import STEEmbedding
-from grounding.utils.io import atomic_path
+from grounding.utils.io import atomic_path, sha1_of_file
 
 
 # ------------------------------------------------------------------------------------------
@@ -99,6 +100,33 @@ def load_transform(path: str | Path) -> tuple[AlignmentTransform, dict]:
         t.load_state_dict(state)
         return t.eval(), dict(obj.get("semclip_alignment") or {})
     raise ValueError(f"{p} is neither a saved alignment transform nor a SemCLIPAlignment checkpoint.")
+
+
+class AlignmentMismatchError(UserInputError, ValueError):
+    """Γ_t queried through another VLM than the one it was fitted on (its text space is another space)."""
+
+
+def _same_vlm(fitted: str, spec: str) -> bool | None:
+    """Whether two VLM specs name the same model: suite checkpoints by file (a hard link or a copy is the same
+    checkpoint), other specs by their resolved text; None when the fitted one's file is gone (cannot tell)."""
+    if fitted.startswith("suite:") and spec.startswith("suite:"):
+        a, b = (resolve_path(s.removeprefix("suite:")) for s in (fitted, spec))
+        if not (a.is_file() and b.is_file()):
+            return None
+        return os.path.samefile(a, b) or (a.stat().st_size == b.stat().st_size and sha1_of_file(a) == sha1_of_file(b))
+    kind_a, _, rest_a = fitted.partition(":")
+    kind_b, _, rest_b = spec.partition(":")
+    return kind_a == kind_b and resolve_path(rest_a) == resolve_path(rest_b)
+
+
+def check_fitted_vlm(provenance: dict, spec: str, transform_path: str | Path) -> None:
+    """Refuse to query Γ_t (``transform_path``, its recorded ``provenance``) through the VLM ``spec`` when it was
+    fitted on another one: Γ_t maps one VLM's text space, so another checkpoint's vectors (even the same model's
+    last epoch instead of its dev-best) give a silently wrong store. An unrecorded or vanished fitted VLM passes."""
+    fitted = provenance.get("vlm")
+    if isinstance(fitted, str) and fitted and _same_vlm(fitted, spec) is False:
+        raise AlignmentMismatchError(f"Γ_t {transform_path} was fitted on the VLM {fitted}, but it is queried through "
+                                     f"{spec}: name the same checkpoint (semclip.vlm) or refit Γ_t on this VLM.")
 
 
 def fit_alignment(transform: AlignmentTransform, vlm_text: torch.Tensor, ste_targets: torch.Tensor, epochs: int = 200,
