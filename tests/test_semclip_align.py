@@ -31,7 +31,9 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
     dm = AlignmentPairsDataModule(**args)
     dm.prepare_data()
     path = dm.cache_path()
-    assert path.is_file() and [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left behind
+    targets_file = path.parent / f"caption_targets-{dm.targets_key()[:16]}.pt"
+    assert path.is_file() and sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, targets_file.name])
+    # (no temporary left behind)
     pairs = dm.load_pairs()
     # distinct captions only; the one without an STE noun (sky, field) is dropped
     assert pairs["captions"] == ["A ball on a box.", "An automobile near a pail"]
@@ -57,6 +59,36 @@ def test_pairs_cache_is_atomic_reused_and_keyed(semclip_inputs, tmp_path, monkey
     with pytest.raises(FileNotFoundError, match="(?i)caption file"):
         AlignmentPairsDataModule(**{**args, "captions": str(tmp_path / "none.json")}).cache_path()
     assert alignment_data.read_captions(semclip_inputs["captions"])  # COCO JSON
+
+
+def test_a_second_vlm_reuses_the_caption_targets(semclip_inputs, tmp_path, monkeypatch):
+    """The targets (POS, Lesk, the lexical step: the costly half) do not depend on the VLM: Γ_t for another VLM on the
+    same captions and STE reads them from their own cache and only encodes the captions."""
+    from grounding.semclip import alignment_data
+    from grounding.semclip.alignment_data import AlignmentPairsDataModule
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    captions = tmp_path / "captions.txt"
+    captions.write_text("A ball on a box.\nThe sky above the field\nAn automobile near a pail\n")
+    args = dict(ste=semclip_inputs["ste"], captions=str(captions), lexical_variants=False)
+    first = AlignmentPairsDataModule(vlm=semclip_inputs["vlm"], **args)
+    first_pairs = first.load_pairs()
+    other_vlm = f"suite:{tiny_baseline_ckpt(tmp_path / 'vlm_b', seed=1)}"
+    second = AlignmentPairsDataModule(vlm=other_vlm, **args)
+    assert second.targets_key() == first.targets_key() and second.cache_key() != first.cache_key()
+    monkeypatch.setattr(alignment_data, "CaptionTargets", lambda *a, **k: pytest.fail("targets recomputed"))
+    pairs = second.load_pairs()
+    assert pairs["captions"] == first_pairs["captions"] and torch.equal(pairs["targets"], first_pairs["targets"])
+    assert not torch.allclose(pairs["vlm_text"], first_pairs["vlm_text"])  # the second VLM's own encoding
+    # a damaged targets file is rebuilt, never trusted
+    targets_file = second.cache_path().parent / f"caption_targets-{second.targets_key()[:16]}.pt"
+    targets_file.write_bytes(b"half a file")
+    monkeypatch.undo()
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    second.cache_path().unlink()
+    again = AlignmentPairsDataModule(vlm=other_vlm, **args).load_pairs()
+    assert torch.equal(again["targets"], first_pairs["targets"])
+    assert torch.load(targets_file, weights_only=False)["captions"] == first_pairs["captions"]
 
 
 def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):

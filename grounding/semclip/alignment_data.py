@@ -8,7 +8,9 @@ first-sense fallback; out-of-vocabulary nouns through their nearest lexical vari
 
 The pairs are computed once and cached atomically in one ``.pt`` file keyed by the VLM (spec + file
 sizes/mtimes), the STE export and the caption files (content hashes), then split into train/val by a
-seeded permutation. Batches are ``(vlm_text (B, d_vlm), target (B, d_ste))``.
+seeded permutation. The targets, the costly half, are also cached on their own (``caption_targets-<key>.pt``,
+keyed without the VLM), so Γ_t for another VLM on the same captions and STE only encodes the captions.
+Batches are ``(vlm_text (B, d_vlm), target (B, d_ste))``.
 """
 
 from __future__ import annotations
@@ -75,18 +77,40 @@ def ste_fingerprint(path: str | os.PathLike) -> dict:
     return {"path": str(p), "files": [(f.name, sha1_of_file(f)) for f in files if f.is_file()]}
 
 
-def build_pairs(vlm, ste, captions: Sequence[str], lexical_variants: bool = True,
-                lexical_min_similarity: float = -1.0) -> dict:
-    """{"captions": kept captions, "vlm_text": (N, d_vlm), "targets": (N, d_ste)} for a VLM object and an STEEmbedding."""
-
+def caption_targets(ste, captions: Sequence[str], lexical_variants: bool = True, lexical_min_similarity: float = -1.0,
+                    cache: str | os.PathLike | None = None) -> tuple[list[str], torch.Tensor]:
+    """The captions that have STE nouns and their targets C'_t (N, d_ste): the costly, VLM-independent half of the
+    pairs (POS tagging, Lesk, the lexical step), stored in ``cache`` when given and reused from it (the caller keys
+    the file by the STE, the captions and the settings), so a second VLM on the same captions pays only its encoding."""
+    if cache is not None and Path(cache).is_file():
+        try:
+            stored = torch.load(cache, map_location="cpu", weights_only=False)
+            if len(stored["captions"]) == len(stored["targets"]) and stored["targets"].shape[1] == ste.dim:
+                return list(stored["captions"]), stored["targets"]
+        except Exception:  # noqa: BLE001 - unreadable or another layout: rebuilt below, never trusted
+            pass
+        log.info("caption targets cache %s is unreadable: rebuilding it", cache)
     lexical = minilm_lexical_variants(ste, min_similarity=lexical_min_similarity) if lexical_variants else None
     targets, kept = CaptionTargets(ste, lexical=lexical)(captions)
     kept_captions = [c for c, k in zip(captions, kept.tolist()) if k]
     if not kept_captions:
         raise ValueError(f"None of the {len(captions)} captions has a noun in the STE vocabulary ({len(ste.keys)} items); "
                          "use an STE that covers the captions' nouns (e.g. experiments/semclip/ste_world.yaml for the world).")
+    targets = targets.float()
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(cache, suffix=".pt") as tmp:
+            torch.save({"captions": kept_captions, "targets": targets}, tmp)
+    return kept_captions, targets
+
+
+def build_pairs(vlm, ste, captions: Sequence[str], lexical_variants: bool = True,
+                lexical_min_similarity: float = -1.0, targets_cache: str | os.PathLike | None = None) -> dict:
+    """{"captions": kept captions, "vlm_text": (N, d_vlm), "targets": (N, d_ste)} for a VLM object and an STEEmbedding
+    (``targets_cache``: :func:`caption_targets`' file)."""
+    kept_captions, targets = caption_targets(ste, captions, lexical_variants, lexical_min_similarity, targets_cache)
     vlm_text = vlm.encode_text(kept_captions).float()
-    return {"captions": kept_captions, "vlm_text": vlm_text, "targets": targets.float()}
+    return {"captions": kept_captions, "vlm_text": vlm_text, "targets": targets}
 
 
 class AlignmentPairsDataModule(LightningDataModule):
@@ -118,21 +142,29 @@ class AlignmentPairsDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------------------ cache
     def cache_key(self) -> str:
-        h = self.hparams
+        """The pairs file's key: the VLM and everything :meth:`targets_key` holds."""
+        vlm = vlm_fingerprint(self.hparams.vlm)  # missing weights are reported first
+        return sha1_of_json({**self._targets_fields(), "vlm": vlm})
 
-        vlm, ste = vlm_fingerprint(h.vlm), ste_fingerprint(h.ste)  # missing weights are reported first
+    def targets_key(self) -> str:
+        """The caption targets' key: the STE, the caption files (content) and the settings, not the VLM."""
+        return sha1_of_json(self._targets_fields())
+
+    def _targets_fields(self) -> dict:
+        h = self.hparams
+        ste = ste_fingerprint(h.ste)
         caps = [h.captions] if isinstance(h.captions, str) else list(h.captions)
         for c in caps:
             if not resolve_path(c).is_file():
                 read_captions(c)  # raises the clear missing-file error
-        key = {"version": FORMAT_VERSION, "vlm": vlm, "ste": ste, "captions": [sha1_of_file(resolve_path(c)) for c in caps],
+        key = {"version": FORMAT_VERSION, "ste": ste, "captions": [sha1_of_file(resolve_path(c)) for c in caps],
                "lexical": h.lexical_variants, "lexical_min_similarity": h.lexical_min_similarity,
                "max_captions": h.max_captions}
         if h.caption_images is not None:  # only then in the key, so caches built before the option keep theirs
             if not resolve_path(h.caption_images).is_file():
                 read_captions(caps, h.caption_images)  # raises the clear missing-file error
             key["caption_images"] = sha1_of_file(resolve_path(h.caption_images))
-        return sha1_of_json(key)
+        return key
 
     def check_inputs(self) -> None:
         """VLM weights, STE export, caption files and image list exist (before any model is built)."""
@@ -161,7 +193,8 @@ class AlignmentPairsDataModule(LightningDataModule):
             captions = captions[: h.max_captions]
         ste = STEEmbedding.load(resolve_path(h.ste))
         vlm = load_vlm(h.vlm, device=h.device)
-        pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity)
+        targets_cache = cache_dir() / "semclip" / f"caption_targets-{self.targets_key()[:16]}.pt"
+        pairs = build_pairs(vlm, ste, captions, h.lexical_variants, h.lexical_min_similarity, targets_cache)
         pairs["meta"] = {"vlm": h.vlm, "ste": str(h.ste), "captions": h.captions,
                          "caption_images": h.caption_images, "n_captions": len(captions),
                          "n_pairs": len(pairs["captions"]), "key": self.cache_key()}
