@@ -643,7 +643,7 @@ def prune(root: str | os.PathLike | None = None, unused_days: float = 30.0, max_
     return removed, kept
 
 
-def when(t: float) -> str:
+def format_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
@@ -654,8 +654,8 @@ def list_table(entries: list[CacheEntry]) -> str:
     for e in entries:
         shape = e.meta.get("shape") or []
         lines.append(f"| {e.path.name} | {e.meta.get('backbone', '–')} | {e.meta.get('n_images', '–')} | "
-                     f"{'×'.join(map(str, shape[1:])) or '–'} | {format_size(e.size)} | {when(e.built)} | "
-                     f"{when(e.last_used)} | {e.status} | {e.meta.get('first_path') or '–'} |")
+                     f"{'×'.join(map(str, shape[1:])) or '–'} | {format_size(e.size)} | {format_time(e.built)} | "
+                     f"{format_time(e.last_used)} | {e.status} | {e.meta.get('first_path') or '–'} |")
     lines.append(f"\n{len(entries)} folders, {format_size(sum(e.size for e in entries))}")
     return "\n".join(lines)
 

@@ -412,7 +412,7 @@ def test_list_and_prune_commands(world, capsys):
     out = capsys.readouterr().out.splitlines()
     rows = [ln for ln in out if ln.startswith("| tiny_cnn-")]
     assert len(rows) == 3 and rows[-1].startswith(f"| {old.name} | tiny_cnn | 5 | ")  # most recently used first
-    assert f"| {fcache.when(time.time() - 40 * DAY)} | sound | {ds.image_paths[0]} |" in rows[-1]
+    assert f"| {fcache.format_time(time.time() - 40 * DAY)} | sound | {ds.image_paths[0]} |" in rows[-1]
     assert out[-1] == f"3 folders, {fcache.format_size(sum(fcache.folder_size(p) for p in root.iterdir()))}"
 
     assert fcache.main(["prune", "--root", str(root), "--dry-run"]) == 0
