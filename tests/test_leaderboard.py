@@ -472,6 +472,47 @@ def test_graded_trend_by_hand():
     assert "| m | 2 | 3 | 30.0 (0.100) | 10.0 (0.300) | 12.0 | -10.0 | -1.00 |" in markdown([{"model": "m", "graded": results}])
 
 
+def test_paired_trend_of_rerankers_sharing_a_first_stage_by_hand(tmp_path, capsys):
+    """Two rerankers of VSE: A − B is -2, 0, +2 at divergence 0.1, 0.2, 0.3 (slope +2 per 0.1, rho +1, mean 0); a
+    row of another first stage and an exhaustive row are not paired. ``--rewrite`` writes the same files again from
+    leaderboard.json alone, testing nothing."""
+    from grounding.leaderboard.graded import paired_markdown, paired_trends
+
+    def graded(r1s):
+        rest = {"images": 5, "captions": 25, "runs": 1, "t2i_r1_sd": None, "scored_by": "test", "t2i_r10": 60.0,
+                "i2t_r1": 1.0, "i2t_r5": 2.0, "i2t_r10": 3.0, "rsum": 100.0}
+        return [{"split": f"s{i}", "mcd": False, "compound_divergence": cd, "t2i_r1": r1, "t2i_r5": 50.0, **rest}
+                for i, (cd, r1) in enumerate(zip((0.1, 0.3, 0.2), r1s))] + [
+                {"split": "mcd", "mcd": True, "compound_divergence": 0.3, "t2i_r1": 0.0, "t2i_r5": 0.0, **rest}]
+
+    rows = [{"model": "A", "first_stage": "VSE, R@20 70.0", "graded": graded((18.0, 22.0, 20.0))},
+            {"model": "exhaustive", "graded": graded((40.0, 30.0, 35.0))},
+            {"model": "B", "first_stage": "VSE, R@20 70.0", "graded": graded((20.0, 20.0, 20.0))},
+            {"model": "C", "first_stage": "other, R@20 60.0", "graded": graded((1.0, 2.0, 3.0))}]
+    r1, r5 = paired_trends(rows)
+    assert r1["models"] == ["A", "B"] and r1["first_stage"] == "VSE" and r1["metric"] == "t2i_r1" and r1["splits"] == 3
+    assert (r1["least_diff"], r1["most_diff"], r1["mean_diff"]) == (-2.0, 2.0, 0.0)
+    assert r1["slope_per_0_1"] == pytest.approx(2.0) and r1["spearman_rho"] == pytest.approx(1.0)
+    assert r5["metric"] == "t2i_r5" and r5["mean_diff"] == 0.0 and r5["spearman_rho"] is None  # no difference at all
+    assert "| A − B | VSE | t2i_r1 | 3 | -2.0 (0.100) | +2.0 (0.300) | +0.00 | +2.0 | +1.00 |" in paired_markdown([r1, r5])
+    assert paired_markdown(paired_trends(rows[:2])) == ""
+
+    board = {"test_set": {"name": "tiny", "captions": {"class_path": "data_modules.FlickrDataModule",
+                                                       "init_args": {"root": str(tmp_path)}}},
+             "out": str(tmp_path / "out"), "models": [{"name": m, "config": "x.yaml", "ckpt": "x.ckpt",
+                                                     "command": "make x"} for m in "ABC"]}
+    (tmp_path / "board.yaml").write_text(yaml.safe_dump(board))
+    assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--rewrite"]) == 2  # nothing to rewrite yet
+    assert "no " in capsys.readouterr().err
+    write_outputs([{**r, "status": "ok", "rsum": 100.0} for r in rows if r["model"] != "exhaustive"],
+                  load_leaderboard(str(tmp_path / "board.yaml")))
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir() if f.suffix != ".png"}
+    assert "| A − B | VSE | t2i_r1 |" in before["graded.md"].decode()
+    (tmp_path / "out" / "graded.md").unlink()
+    assert leaderboard_main(["--config", str(tmp_path / "board.yaml"), "--rewrite"]) == 0
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir() if f.suffix != ".png"} == before
+
+
 def test_semclip_row_refuses_a_transform_fitted_on_another_vlm(tiny_world, tmp_path, monkeypatch):
     """The row's VLM must be the one Γ_t was fitted on (the transform file records it): else the row is an error
     naming both, not a store whose images and queries live in another space."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from grounding.errors import user_errors_exit
 from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, table_rows, write_outputs
@@ -30,9 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graded-splits", type=int, metavar="K",
                    help="with --graded: a reranker (a test run per split) tests only K of the graded splits, evenly "
                         "spaced in divergence (default: all; the other rows always get all)")
+    p.add_argument("--rewrite", action="store_true",
+                   help="test nothing: rewrite the tables, plots and graded files from the leaderboard.json already in "
+                        "the output folder (after a change to how they are written)")
     args = p.parse_args(argv)
     try:
         board = load_leaderboard(args.config)
+        if args.rewrite:
+            if args.only or args.ckpt or args.graded or args.graded_splits is not None:
+                raise LeaderboardError("--rewrite tests nothing: give it without --only, --ckpt, --graded and --graded-splits")
+            out = Path(args.out or board.out)
+            if not (out / "leaderboard.json").is_file():
+                raise LeaderboardError(f"--rewrite: no {out / 'leaderboard.json'}; run the leaderboard first (it writes it)")
+            rows = merge_rows([], out, board)
+            write_outputs(rows, board, out)
+            print(f"rewrote {out}/leaderboard.md, .csv, .json, .png and the graded files from its leaderboard.json",
+                  file=sys.stderr)
+            return 0
         names = {m.name: m for m in board.models}
         for item in args.ckpt:
             name, sep, path = item.partition("=")

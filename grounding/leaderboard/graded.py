@@ -118,6 +118,49 @@ def trend(results: Sequence[dict]) -> dict:
     return out
 
 
+def paired_trends(rows: Sequence[dict], metrics: Sequence[str] = ("t2i_r1", "t2i_r5")) -> list[dict]:
+    """For every two rows that rerank the same first stage (Fig. 4's own comparison, e.g. COMPOSER against
+    ViLBERT-style): the first minus the second, split by split on the same captions, for each of ``metrics``: the
+    difference at the least and the most divergent split, its mean, least-squares slope per 0.1 of divergence and
+    Spearman's rho against divergence (the windows overlap: not independent samples)."""
+    rerankers = [r for r in rows if r.get("graded") and r.get("first_stage")]
+    out = []
+    for i, a in enumerate(rerankers):
+        for b in rerankers[i + 1:]:
+            stage = str(a["first_stage"]).split(",")[0]
+            if str(b["first_stage"]).split(",")[0] != stage:
+                continue
+            theirs = {g["split"]: g for g in b["graded"] if not g["mcd"]}
+            shared = sorted((g for g in a["graded"] if not g["mcd"] and g["split"] in theirs),
+                            key=lambda g: g["compound_divergence"])
+            if len(shared) < 2:
+                continue
+            cd = np.array([g["compound_divergence"] for g in shared])
+            for metric in metrics:
+                diff = np.array([g[metric] - theirs[g["split"]][metric] for g in shared])
+                out.append({"models": [a["model"], b["model"]], "first_stage": stage, "metric": metric,
+                            "splits": len(shared), "least_cd": float(cd[0]), "least_diff": float(diff[0]),
+                            "most_cd": float(cd[-1]), "most_diff": float(diff[-1]), "mean_diff": float(diff.mean()),
+                            "slope_per_0_1": float(np.polyfit(cd, diff, 1)[0] * 0.1),
+                            "spearman_rho": float(spearmanr(cd, diff)[0]) if np.ptp(diff) > 0 else None})
+    return out
+
+
+def paired_markdown(pairs: Sequence[dict]) -> str:
+    """:func:`paired_trends` as a table (empty when no two rows share a first stage)."""
+    if not pairs:
+        return ""
+    lines = ["\n## Rerankers of the same first stage, split by split (first minus second)\n",
+             "| models | first stage | metric | splits | least divergent (CD) | most divergent (CD) | mean | slope per 0.1 CD "
+             "| Spearman ρ |", "|---|---|---|---|---|---|---|---|---|"]
+    for t in pairs:
+        rho = "–" if t["spearman_rho"] is None else f"{t['spearman_rho']:+.2f}"
+        lines.append(f"| {t['models'][0]} − {t['models'][1]} | {t['first_stage']} | {t['metric']} | {t['splits']} | "
+                     f"{t['least_diff']:+.1f} ({t['least_cd']:.3f}) | {t['most_diff']:+.1f} ({t['most_cd']:.3f}) | "
+                     f"{t['mean_diff']:+.2f} | {t['slope_per_0_1']:+.1f} | {rho} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: Sequence[dict]) -> str:
     """One line per model with graded results: its :func:`trend`."""
     lines = ["| model | runs | splits | t2i R@1, least divergent (CD) | most divergent (CD) | MCD split | slope per 0.1 CD "
@@ -171,7 +214,8 @@ def plot_graded(rows: Sequence[dict], path: str | Path, title: str) -> Path:
 
 
 def write_graded(rows: Sequence[dict], out: str | Path, title: str, info: dict) -> bool:
-    """``graded.csv``, ``graded.json`` (+ each model's :func:`trend`), ``graded.md`` (the trends) and ``graded.png`` in
+    """``graded.csv``, ``graded.json`` (+ each model's :func:`trend` and the :func:`paired_trends`), ``graded.md`` (the
+    trends, the pairs) and ``graded.png`` in
     ``out`` (each atomically) when a row has split results; when none has, those files of an earlier run are removed
     (they would describe rows the table no longer holds)."""
     table = graded_table(rows)
@@ -182,7 +226,9 @@ def write_graded(rows: Sequence[dict], out: str | Path, title: str, info: dict) 
         return False
     atomic_write_csv(out / "graded.csv", table, COLUMNS)
     trends = {r["model"]: trend(r["graded"]) for r in rows if r.get("graded")}
-    atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table, "trends": trends}, indent=2)
-    atomic_write_text(out / "graded.md", f"# {title}\n\n{markdown(rows)}")
+    pairs = paired_trends(rows)
+    atomic_write_json(out / "graded.json", {**info, "columns": list(COLUMNS), "rows": table, "trends": trends,
+                                            "paired": pairs}, indent=2)
+    atomic_write_text(out / "graded.md", f"# {title}\n\n{markdown(rows)}{paired_markdown(pairs)}")
     plot_graded(rows, out / "graded.png", title)
     return True
