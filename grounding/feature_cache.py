@@ -626,7 +626,10 @@ def prune(root: str | os.PathLike | None = None, unused_days: float = 30.0, max_
             reason = f"damaged ({entry.problem})"
         elif now - entry.last_used > unused_days * 86400:
             reason = f"unused for {(now - entry.last_used) / 86400:.1f} days"
-        (removed.append((entry, reason)) if reason else kept.append(entry))
+        if reason:
+            removed.append((entry, reason))
+        else:
+            kept.append(entry)
     if max_size is not None:
         total = sum(e.size for e in kept)
         for entry in sorted(kept, key=lambda e: e.last_used):  # least recently used first
