@@ -17,7 +17,7 @@ from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
 from grounding.paths import resolve_path
 from grounding.training_images import checkpoint_training_keys, file_key, key_set, overlapping, parse_key
 
-from .captions import CAPTIONS_PER_EPOCH, SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler
+from .captions import CAPTIONS_PER_EPOCH, SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler, ResumableLoader
 from .collate import CaptionEvalCollate, CaptionTrainCollate
 from .errors import WORLD_HINT, MalformedDataError, MissingDataError, check_images_exist, require_file, require_root
 from .images import build_transform
@@ -157,7 +157,8 @@ class GroundingDataModule(LightningDataModule):
         workers = self.num_workers
         if workers > 0:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # collate tokenizes in forked workers
-        return DataLoader(
+        # training: a loader that a fit resumes mid-epoch (its position is in every checkpoint)
+        return (ResumableLoader if train else DataLoader)(
             dataset, batch_size=self.batch_size if train else self.eval_batch_size,
             sampler=self._train_sampler(dataset) if train else None, shuffle=False,
             num_workers=workers, persistent_workers=workers > 0, pin_memory=self.pin_memory,

@@ -1,9 +1,10 @@
-"""Caption datasets: what a format reader returns per split, the image-with-captions dataset and its seeded
-per-epoch sampler.
+"""Caption datasets: what a format reader returns per split, the image-with-captions dataset, its seeded
+per-epoch samplers and the training loader that a fit resumes mid-epoch.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from grounding.training_images import file_key
 
@@ -164,6 +165,63 @@ class CaptionRoundsSampler(Sampler):
         hard = (rng.random(len(image)) * self.hard_draws[image]).astype(np.int64)
         choice = slot + self.counts[image] * hard
         yield from zip(image[sequence].tolist(), choice[sequence].tolist())
+
+
+class SkipFirstSampler(Sampler):
+    """A sampler whose next pass skips its first ``skip`` items (then ``skip`` is 0 again): how
+    :class:`ResumableLoader` continues an epoch without loading the items already trained on. ``set_epoch``
+    passes through and is remembered (``epoch``)."""
+
+    def __init__(self, inner: Sampler):
+        self.inner, self.skip, self.epoch = inner, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        if callable(getattr(self.inner, "set_epoch", None)):
+            self.inner.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.inner), skip, None)
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that a fit resumes mid-epoch (Lightning's stateful-loader protocol: every checkpoint
+    stores :meth:`state_dict`, a resumed fit calls :meth:`load_state_dict` before its first pass). The state is
+    (epoch, batches handed out in it); the resumed pass of that epoch skips those batches' items in the sampler,
+    so they are never loaded, and goes on with the rest of the same order: the sampler must be seeded per epoch
+    (:class:`EpochSampler`, :class:`CaptionRoundsSampler`). A checkpoint from an epoch's end resumes at the next
+    epoch, which skips nothing. The state is read when a pass starts, after Lightning's ``set_epoch``, with or
+    without workers. Without a sampler it is a plain DataLoader that counts (nothing to skip by)."""
+
+    def __init__(self, dataset, batch_size: int | None = 1, sampler: Sampler | None = None, **kwargs):
+        if sampler is not None and not isinstance(sampler, SkipFirstSampler):
+            sampler = SkipFirstSampler(sampler)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+        self.position = {"epoch": 0, "batches": 0}
+        self.resume_at: dict | None = None
+
+    def state_dict(self) -> dict:
+        return dict(self.position)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_at = {"epoch": int(state["epoch"]), "batches": int(state["batches"])}
+
+    def __iter__(self) -> Iterator:
+        skippable = isinstance(self.sampler, SkipFirstSampler) and self.batch_size
+        epoch = self.sampler.epoch if skippable else self.position["epoch"]
+        done = 0
+        if self.resume_at is not None and skippable and self.resume_at["epoch"] == epoch:
+            done = min(self.resume_at["batches"], len(self))
+            self.sampler.skip = done * self.batch_size
+        self.resume_at = None
+        self.position = {"epoch": epoch, "batches": done}
+        for batch in super().__iter__():
+            self.position["batches"] += 1
+            yield batch
 
 
 def group_captions(pairs: Iterable[tuple[Any, str]]) -> dict[Any, list[str]]:

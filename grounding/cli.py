@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 import yaml
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -142,6 +143,10 @@ class GroundingCLI(LightningCLI):
         parser.add_argument("--allow_eval_overlap", type=bool, default=False,
                             help="evaluate even on images that a checkpoint of the init_from chain trained on (a "
                                  "warning instead of the error; grounding/training_images.py)")
+        parser.add_argument("--checkpoint_every_minutes", type=NonNegativeFloat, default=15.0,
+                            help="fit: also rewrite last.ckpt mid-epoch every this many minutes of training, with the "
+                                 "training loader's position, so a long epoch killed resumes (--ckpt_path last) at "
+                                 "its next batch; 0: at epoch ends only")
         # Values the model and the data must share are written once, in the model's network: the
         # tokenizer is the text encoder's, the crop size the visual stream's, the image normalisation
         # the backbone's. (Stages that build their network from a checkpoint still give them twice.)
@@ -195,6 +200,8 @@ class GroundingCLI(LightningCLI):
                               f"are {' / '.join(loops)}")
         if config.get("allow_eval_overlap") and hasattr(self.model, "allow_eval_overlap"):
             self.model.allow_eval_overlap = True  # read by grounding.training_images.TrainingImages
+        if hasattr(self.model, "checkpoint_every_minutes"):
+            self.model.checkpoint_every_minutes = float(config.get("checkpoint_every_minutes") or 0.0)  # LastCheckpoint
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

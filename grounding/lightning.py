@@ -3,7 +3,8 @@
 It holds what is the same for all stages: optimizer/scheduler injection from the config
 (``optimizer`` / ``lr_scheduler`` callables, jsonargparse's dependency-injection pattern), an
 optimizer over trainable parameters only, and checkpointing by the stage's own monitored metric
-(``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes,
+(``monitor`` / ``monitor_mode`` class attributes) and ``last.ckpt`` for ``--ckpt_path last`` resumes (rewritten
+at every epoch's end and, every ``checkpoint_every_minutes`` of training, mid-epoch),
 the frozen-backbone feature cache as a callback for stages that set ``feature_cache`` and
 implement ``frozen_backbone()``, the record of the images a fit trained on (inherited along ``init_from``) with
 the check that no evaluation uses an earlier stage's training images (:mod:`grounding.training_images`), and the
@@ -59,6 +60,9 @@ class GroundingModule(LightningModule):
     # (grounding.training_images.TrainingImages keeps it here between a fit and a test in one process).
     allow_eval_overlap: bool = False
     training_images: list | None = None
+    # `python -m grounding fit --checkpoint_every_minutes M` (cli.py): last.ckpt also rewritten mid-epoch every M
+    # minutes of training (0: at epoch ends only), so a long epoch killed resumes where it was saved
+    checkpoint_every_minutes: float = 0.0
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
@@ -99,8 +103,8 @@ class GroundingModule(LightningModule):
                                filename="best-epoch{epoch:03d}-step{step}", auto_insert_metric_name=False)
         # save_on_train_epoch_end: every epoch, also those without a validation (check_val_every_n_epoch > 1)
         record = FitRecord()
-        last = LastCheckpoint(record, dirpath=dirpath, monitor=None, save_top_k=1, filename="last",
-                              enable_version_counter=False, save_on_train_epoch_end=True)
+        last = LastCheckpoint(record, every_minutes=self.checkpoint_every_minutes, dirpath=dirpath, monitor=None,
+                              save_top_k=1, filename="last", enable_version_counter=False, save_on_train_epoch_end=True)
         callbacks = [best, last, record, EpochSummary(), ResultsTable(), TrainingImages()]
         return callbacks + ([FeatureCache(self.feature_cache_dir)] if self.feature_cache else [])
 
@@ -129,18 +133,19 @@ class FitRecord(Callback):
         self.started = time.perf_counter()  # before the restore and the feature cache: all of the fit's time
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # after the checkpoint's restore: current_epoch is the epoch this segment starts at
+        # after the checkpoint's restore: current_epoch and global_step are where this segment starts (mid-epoch
+        # when the checkpoint was a mid-epoch last.ckpt)
         path = Path(trainer.default_root_dir) / FIT_RECORD
-        first = int(trainer.current_epoch)
+        first, step = int(trainer.current_epoch), int(trainer.global_step)
         self.segments = []
         if trainer.ckpt_path and path.is_file():
             try:
                 old = json.loads(path.read_text(encoding="utf-8")).get("segments") or []
-                self.segments = [_until_epoch(seg, first) for seg in old if int(seg.get("first_epoch", 0)) < first]
+                self.segments = [cut for seg in old if (cut := _until(seg, first, step)) is not None]
             except (OSError, ValueError, AttributeError, TypeError, KeyError):
                 self.segments = []
         self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              "first_epoch": first, "seconds": 0.0, "epochs": 0})
+                              "first_epoch": first, "first_step": step, "seconds": 0.0, "epochs": 0, "steps": step})
         # written at the first epoch's end, with the first checkpoint: a fit that fails before leaves the folder's
         # earlier record as it was
 
@@ -149,15 +154,25 @@ class FitRecord(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self.started is None or not self.segments or trainer.sanity_checking:
             return
-        segment = self.segments[-1]
-        segment.update(seconds=round(time.perf_counter() - self.started, 1), epochs=int(trainer.current_epoch) + 1
-                       - segment["first_epoch"], last_epoch=int(trainer.current_epoch), steps=int(trainer.global_step))
+        self.update(trainer, epochs_done=int(trainer.current_epoch) + 1)
         if not self.held:
             self.write(trainer)
 
+    def update(self, trainer, epochs_done: int) -> None:
+        """The current segment up to now: its seconds, the epochs it finished (``epochs_done``: the fit's count
+        of finished epochs) and the global step (a mid-epoch save: the epoch in progress is not counted)."""
+        segment = self.segments[-1]
+        epochs = max(epochs_done - segment["first_epoch"], 0)
+        segment.update(seconds=round(time.perf_counter() - self.started, 1), epochs=epochs,
+                       steps=int(trainer.global_step))
+        if epochs:
+            segment["last_epoch"] = epochs_done - 1
+
     def write(self, trainer) -> None:
         """The record as it stands (after the epoch's update), atomically; rank 0 only, never in fast_dev_run."""
-        if not self.segments or self.segments[-1]["epochs"] == 0 or not trainer.is_global_zero or trainer.fast_dev_run:
+        segment = self.segments[-1] if self.segments else None
+        if (segment is None or (segment["epochs"] == 0 and segment.get("steps", 0) <= segment.get("first_step", 0))
+                or not trainer.is_global_zero or trainer.fast_dev_run):
             return
         atomic_write_json(Path(trainer.default_root_dir) / FIT_RECORD, {
             "seconds": round(sum(s["seconds"] for s in self.segments), 1),
@@ -171,25 +186,64 @@ class LastCheckpoint(ModelCheckpoint):
     (a full disk or an unwritable folder stops the fit with the two in agreement). Lightning runs checkpoint
     callbacks after the others, so the record already holds the epoch."""
 
-    def __init__(self, record: FitRecord, **kwargs):
+    def __init__(self, record: FitRecord, every_minutes: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.record = record
         record.held = True
+        self.every_seconds = max(float(every_minutes or 0.0), 0.0) * 60.0
+        self.saved_at = time.monotonic()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.saved_at = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Mid-epoch: last.ckpt (and the record) once ``every_minutes`` of training have passed since the last save,
+        except at an epoch's last batch (its end-of-epoch save follows). Rank 0's clock decides for every rank:
+        the save is collective under DDP. The checkpoint holds the training loader's position
+        (data_modules.captions.ResumableLoader), so ``--ckpt_path last`` goes on with the epoch's next batch."""
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not self.every_seconds or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        due = trainer.strategy.broadcast(time.monotonic() - self.saved_at >= self.every_seconds)
+        if not due or batch_idx + 1 >= trainer.num_training_batches:
+            return
+        self._save_checkpoint(trainer, os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION))
+        self.saved_at = time.monotonic()
+        self.record.update(trainer, epochs_done=int(trainer.current_epoch))
+        self.record.write(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         if not trainer.sanity_checking:
+            self.saved_at = time.monotonic()
             self.record.write(trainer)
 
 
-def _until_epoch(segment: dict, epoch: int) -> dict:
-    """A recorded training segment cut before ``epoch`` (a resume from an earlier checkpoint retrains the rest):
-    its epochs and, in proportion, its seconds."""
-    done = int(segment.get("epochs", 0))
-    keep = min(done, epoch - int(segment["first_epoch"]))
-    if keep >= done:
-        return segment
-    return dict(segment, epochs=keep, last_epoch=epoch - 1, seconds=round(float(segment["seconds"]) * keep / max(done, 1), 1))
+def _until(segment: dict, epoch: int, step: int) -> dict | None:
+    """A recorded training segment cut where a resumed fit starts (``epoch``, global ``step``; a resume from an
+    earlier checkpoint retrains the rest), None when it started there or later: its finished epochs and, in
+    proportion to its steps (to its epochs in records without steps), its seconds."""
+    first_epoch = int(segment["first_epoch"])
+    if "first_step" in segment and "steps" in segment:
+        first, last = int(segment["first_step"]), int(segment["steps"])
+        if first >= step:
+            return None
+        if last <= step:
+            return segment
+        kept = (step - first) / max(last - first, 1)
+    else:  # a record written before segments kept their steps: by epochs
+        done = int(segment.get("epochs", 0))
+        if first_epoch >= epoch:
+            return None
+        if done <= epoch - first_epoch:
+            return segment
+        kept = (epoch - first_epoch) / max(done, 1)
+    out = dict(segment, epochs=max(epoch - first_epoch, 0), seconds=round(float(segment["seconds"]) * kept, 1), steps=step)
+    out.pop("last_epoch", None)
+    if out["epochs"]:
+        out["last_epoch"] = epoch - 1
+    return out
 
 
 # --- What a run prints: epoch lines, the end-of-fit checkpoint line, rounded result tables --------------------
@@ -320,6 +374,8 @@ class EpochSummary(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # after a resume's restore: the restored best is not this fit's news (its epoch comes from state_dict)
         self.best_paths = {cb.monitor: str(cb.best_model_path or "") for cb in _monitored_checkpoints(trainer)}
+        # a fit resumed from a mid-epoch checkpoint gets no on_train_epoch_start for the epoch it goes on with
+        self.on_train_epoch_start(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         for cb in _monitored_checkpoints(trainer):

@@ -167,6 +167,8 @@ def _cases(i):
         ("num_workers_negative", g, ["fit", "--config", s1, "--data.init_args.num_workers", "-1"], "num_workers",
          ">= 0"),
         ("max_epochs_zero", g, ["fit", "--config", s1, "--trainer.max_epochs", "0"], "max_epochs 0", ">= 1"),
+        ("checkpoint_every_minutes_negative", g, ["fit", "--config", s1, "--checkpoint_every_minutes", "-5"],
+         "checkpoint_every_minutes", "-5"),
         ("gpu_without_one", g, ["fit", "--config", s1, "--trainer.accelerator", "gpu"], "accelerator gpu", "cpu"),
         ("output_folder_is_a_file", g, ["fit", "--config", s1, "--trainer.default_root_dir", str(d / "garbage.ckpt")],
          str(d / "garbage.ckpt"), "default_root_dir"),
@@ -227,7 +229,7 @@ BEFORE_ANY_MODEL = {"root_missing", "coco_annotations_missing", "flickr_split_li
                     "ckpt_path_last_without_run", "ckpt_path_of_another_model", "option_typo", "config_missing",
                     "config_yaml_syntax", "config_yaml_tab",
                     "batch_size_zero", "temperature_negative", "lr_zero", "num_workers_negative", "max_epochs_zero",
-                    "gpu_without_one", "output_folder_is_a_file", "output_folder_under_a_file",
+                    "checkpoint_every_minutes_negative", "gpu_without_one", "output_folder_is_a_file", "output_folder_under_a_file",
                     "world_meta_missing", "ste_missing",
                     "vlm_checkpoint_missing"}
 

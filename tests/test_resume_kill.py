@@ -1,8 +1,10 @@
 """A fit killed mid-epoch (SIGKILL: no cleanup at all) resumes with `--ckpt_path last` and ends where an
-uninterrupted run of the same seed ends: the same weights and the same test metrics."""
+uninterrupted run of the same seed ends: the same weights and the same test metrics. Twice: from the last epoch's
+end, and from a mid-epoch last.ckpt (`--checkpoint_every_minutes`), which goes on with the epoch's next batch."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +19,7 @@ from run_helpers import tiny_stage1_config
 
 from grounding.paths import REPO_ROOT
 
-KILL_EPOCH, KILL_BATCH, EPOCHS = 1, 2, 3
+KILL_EPOCH, KILL_BATCH, EPOCHS, BATCHES = 1, 2, 3, 4
 
 
 class KillMidEpoch(Callback):
@@ -38,10 +40,11 @@ def _fit(config: Path, root: Path, env: dict, *extra: str) -> subprocess.Complet
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, tmp_path):
+@pytest.mark.parametrize("mid_epoch_saves", [False, True], ids=["from-epoch-end", "from-mid-epoch"])
+def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, tmp_path, mid_epoch_saves):
     # no dropout: Lightning does not restore the global RNG, so masks after a resume would differ
     config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, net={"dropout": 0.0, "attention_dropout": 0.0},
-                                max_epochs=EPOCHS, limit_train_batches=4, limit_val_batches=2)
+                                max_epochs=EPOCHS, limit_train_batches=BATCHES, limit_val_batches=2)
     env = {**os.environ, "GROUNDING_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -51,14 +54,23 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, 
 
     kill = yaml.safe_dump({"trainer": {"callbacks": [{"class_path": "test_resume_kill.KillMidEpoch",
                                                       "init_args": {"epoch": KILL_EPOCH, "batch": KILL_BATCH}}]}})
-    crashed = _fit(config, killed, env, "--config", kill)
+    # every batch (a minute's billionth): last.ckpt after the batch before the kill
+    every = ["--checkpoint_every_minutes", "1e-9"] if mid_epoch_saves else ["--checkpoint_every_minutes", "0"]
+    crashed = _fit(config, killed, env, "--config", kill, *every)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    last = killed / "checkpoints" / "last.ckpt"
-    assert torch.load(last, weights_only=False)["epoch"] == KILL_EPOCH - 1  # the last finished epoch
+    last = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)
+    if mid_epoch_saves:  # saved inside the killed epoch, with the loader's position
+        assert (last["epoch"], last["global_step"]) == (KILL_EPOCH, KILL_EPOCH * BATCHES + KILL_BATCH)
+        assert last["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": KILL_EPOCH, "batches": KILL_BATCH}]
+        record = json.loads((killed / "fit_record.json").read_text())
+        assert (record["epochs"], record["steps"]) == (KILL_EPOCH, KILL_EPOCH * BATCHES + KILL_BATCH)
+    else:
+        assert last["epoch"] == KILL_EPOCH - 1  # the last finished epoch
     assert (killed / ".lock").is_file()  # the killed run could not release its folder
 
-    resumed = _fit(config, killed, env, "--ckpt_path", "last")
+    resumed = _fit(config, killed, env, "--ckpt_path", "last", *every)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "not resumable" not in resumed.stderr  # Lightning's warning for a loader that cannot go on mid-epoch
     assert "the run that held it is gone" in resumed.stderr  # its stale lock was taken over
 
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=False) for d in (straight, killed))

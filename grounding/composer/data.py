@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from data_modules.base import CaptionDataModule, GroundingDataModule
-from data_modules.captions import CAPTIONS_PER_EPOCH, CaptionDataset, CaptionRoundsSampler, EpochSampler
+from data_modules.captions import CAPTIONS_PER_EPOCH, CaptionDataset, CaptionRoundsSampler, EpochSampler, ResumableLoader
 from data_modules.errors import MalformedDataError, MissingDataError
 from data_modules.formats import load_json
 from data_modules.regions import BoxStore, RegionStore
@@ -307,9 +307,10 @@ class ComposerDataModule(GroundingDataModule):
         else:
             sampler = _KeepSampler(EpochSampler(len(items), shuffle=True, seed=self.seed, num_choices=choices.tolist()),
                                    set(keep))
-        return DataLoader(items, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
-                          collate_fn=collate, drop_last=self.drop_last)
+        # a loader that a fit resumes mid-epoch (its position is in every checkpoint)
+        return ResumableLoader(items, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                               persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
+                               collate_fn=collate, drop_last=self.drop_last)
 
     def _hard_negative_pool(self, images: CaptionDataset, keep: list[int]) -> np.ndarray:
         """Every training image's nearest training images (:func:`training_pool`), computed when the train loader is
