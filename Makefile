@@ -414,13 +414,16 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 # The scaling curve (issue 28): each model of SCALING_MODELS fit on seeded samples of 750 / 1,500 / 3,000 training photos
 # (outputs/scaling/<model>/n<N>; the 6,000-photo point is the benchmark's own run), all tested on the 1,000 test
 # photos: rsum with 95 % intervals against training photos (reports/scaling/flickr8k_full/scaling.{md,csv,json,png}).
+# Cross-encoders (COMPOSER ViLBERT-style "ViLBERT + MVSA") rerank their first stage's run of the same size (it is
+# fit too). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
+# of the 1,000 dev photos costs more than an epoch); SCALING_ARGS: e.g. --first-stage full, --validations V.
 SCALING_MODELS ?= "CLIP-style dual encoder" VSE
 SCALING_PHOTOS ?= 750 1500 3000 6000
-# (dev evaluated every 5 epochs: on 750 photos one evaluation of the 1,000 dev photos costs more than an epoch)
-SCALING_FIT_ARGS ?= --trainer.check_val_every_n_epoch 5
+SCALING_FIT_ARGS ?=
+SCALING_ARGS ?=
 scaling-flickr8k: install  ## rsum against training photos (750 / 1,500 / 3,000 / 6,000) on the 1,000 Flickr8k test photos (fits what is missing)
 	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models $(SCALING_MODELS) \
-	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)"
+	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(SCALING_ARGS)
 
 # COMPOSER on its MCD split and the graded splits (§5.1, Fig. 4): the world checkpoint of `make composer` tested
 # on every split of `make demo-composer`'s mcd_world (each made first when missing); table + plot in the report folder.

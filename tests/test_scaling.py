@@ -9,11 +9,20 @@ import sys
 
 import pytest
 import yaml
-from test_leaderboard import _tiny_config, tiny_region_setup
+from test_leaderboard import _tiny_vse_and_vilbert
 
 from grounding.leaderboard import load_leaderboard
+from grounding.leaderboard.board import Leaderboard, LeaderboardError, ModelEntry, TestSet
 from grounding.leaderboard.scaling import main as scaling_main
-from grounding.leaderboard.scaling import markdown, plot_scaling, slug, subset_override
+from grounding.leaderboard.scaling import (
+    markdown,
+    plot_scaling,
+    scaling_entries,
+    slug,
+    subset_override,
+    validation_every,
+    with_first_stages,
+)
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.training_images import checkpoint_training_keys
 
@@ -31,37 +40,97 @@ def test_table_and_plot_of_fake_rows(tmp_path):
     rows = [{"model": "A", "photos": n, "rsum": r, "rsum_low": r - 5, "rsum_high": r + 5, "t2i_r1": 1.0, "i2t_r1": 2.0,
              "train_minutes": 1.5, "epochs": 3, "status": "ok", "command": "c"} for n, r in ((750, 100.0), (1500, 150.0))]
     rows.append({"model": "B", "photos": 750, "status": "skipped: no run for 750 photos", "command": "fit B"})
+    rows.append({**rows[0], "model": "C", "first_stage": "A @ 750, R@20 41.0"})
     md = markdown(rows)
-    assert "| A | 1500 | 150.0 [145.0, 155.0] | 1.0 | 2.0 | 1.5 | 3 |" in md and "`fit B`" in md
+    assert "| A | 1500 | 150.0 [145.0, 155.0] | 1.0 | 2.0 | – | 1.5 | 3 |" in md and "`fit B`" in md
+    assert "| C | 750 | 100.0 [95.0, 105.0] | 1.0 | 2.0 | A @ 750, R@20 41.0 | 1.5 | 3 |" in md
     assert plot_scaling(rows, tmp_path / "s.png", "t").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("max_epochs, every, expected", [
+    (15, 1, 5), (8, 1, 4), (8, 2, 4), (10, 1, 5), (7, 1, 7), (20, 1, 10),  # at most 3, the last at the last epoch
+    (8, 4, None), (15, 5, None), (1, 1, None), (3, 1, None),  # the config's own schedule already does that
+])
+def test_scaled_fits_validate_at_most_three_times_ending_at_the_last_epoch(max_epochs, every, expected):
+    assert validation_every(max_epochs, every, 3) == expected
+    d = expected or every
+    assert max_epochs % d == 0 and max_epochs // d <= 3
+
+
+def _board(tmp_path) -> Leaderboard:
+    composer = EXPERIMENTS_DIR / "composer"
+    vse = ModelEntry("VSE", "make vse", config=str(composer / "vse_flickr8k_full.yaml"), ckpt=str(tmp_path / "vse.ckpt"),
+                     other_seeds=[str(tmp_path / "vse1.ckpt")])
+    rerank = dict(first_stage="VSE", rerank_top_k=20)
+    models = [vse, ModelEntry("ViLBERT-style", "make vilbert", config=str(composer / "vilbert_flickr8k_full.yaml"),
+                              ckpt=str(tmp_path / "vilbert.ckpt"), **rerank),
+              ModelEntry("fused", "make", ensemble=["VSE"])]
+    return Leaderboard(TestSet(name="t", captions={}), models, str(tmp_path / "out"), "board.yaml")
+
+
+def test_a_cross_encoder_at_n_photos_reranks_its_first_stage_at_n_photos(tmp_path):
+    """The first stage is planned first (added when not named); at N photos the reranker's first stage is the
+    first stage's own N-photo run, or the whole-split run with --first-stage full; one seed at every size."""
+    board = _board(tmp_path)
+    assert with_first_stages(board, ["ViLBERT-style"]) == ["VSE", "ViLBERT-style"]
+    assert with_first_stages(board, ["ViLBERT-style", "VSE"]) == ["VSE", "ViLBERT-style"]
+    with pytest.raises(LeaderboardError, match="--models fused: not a model .* trained by one config"):
+        with_first_stages(board, ["fused"])
+    plan = scaling_entries(board, ["ViLBERT-style"], [750, 6000, 9000], tmp_path / "runs", 6000, fit=False)
+    assert [(name, n) for name, n, _, _ in plan] == [("VSE", 750), ("VSE", 6000), ("ViLBERT-style", 750),
+                                                     ("ViLBERT-style", 6000)]
+    by = {(name, n): (entry, cmd) for name, n, entry, cmd in plan}
+    assert by[("VSE", 750)][0] is None and by[("ViLBERT-style", 750)][0] is None  # no runs yet: skipped rows
+    # VSE: 8 epochs validated each -> at 4 and 8; ViLBERT-style: every 2nd of 8 -> at 4 and 8
+    assert "--trainer.check_val_every_n_epoch 4" in by[("VSE", 750)][1]
+    assert "train_subset: 750" in by[("ViLBERT-style", 750)][1]
+    whole = by[("VSE", 6000)][0]
+    assert whole.other_seeds == [] and whole.ckpt == str(tmp_path / "vse.ckpt")
+    assert by[("ViLBERT-style", 6000)][0].first_stage == "VSE @ 6000"
+    # planned entries whose runs exist: the N-photo reranker names the N-photo first stage (or the whole split's)
+    for name in ("vse", "vilbert-style"):
+        (tmp_path / "runs" / name / "n750" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "runs" / name / "n750" / "checkpoints" / "best-epoch007-step8.ckpt").write_bytes(b"x")
+    for first_stage, expected in (("same", "VSE @ 750"), ("full", "VSE @ 6000")):
+        plan = scaling_entries(board, ["ViLBERT-style"], [750], tmp_path / "runs", 6000, fit=False,
+                               first_stage=first_stage)
+        assert plan[1][2].first_stage == expected and plan[1][2].name == "ViLBERT-style @ 750"
+    with pytest.raises(LeaderboardError, match="--first-stage half"):
+        scaling_entries(board, ["VSE"], [750], tmp_path / "runs", 6000, fit=False, first_stage="half")
 
 
 @pytest.mark.slow
 def test_scaling_fits_the_missing_size_and_tests_every_size(tiny_world, tmp_path, monkeypatch):
     """VSE on the tiny world at 8 training photos (fit by --fit with train_subset 8) and at all of them (the
-    leaderboard row's own run): both tested on the same test set; the 8-photo run trained on 8 images."""
+    leaderboard row's own run): both tested on the same test set; the 8-photo run trained on 8 images. ViLBERT-style,
+    a cross-encoder, at both sizes reranks VSE's run of the same size (VSE joins the models by itself)."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline, flickr, data = tiny_region_setup(tiny_world)
-    config = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
-    cfg = yaml.safe_load(open(config))
-    cfg["trainer"].update(max_epochs=1, check_val_every_n_epoch=1, limit_train_batches=2)
-    (tmp_path / "vse.yaml").write_text(yaml.safe_dump(cfg))
-    full = tmp_path / "full"
-    subprocess.run([sys.executable, "-m", "grounding", "fit", "--config", config, "--trainer.default_root_dir",
-                    str(full)], check=True, capture_output=True)
-    board = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
-             "models": [{"name": "VSE", "config": config, "ckpt": str(full / "checkpoints" / "best-*.ckpt"),
-                         "command": "fit VSE"}]}
+    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, tmp_path)
+    models, full = [], {}
+    for name, config, extra in (("VSE", vse, {}), ("ViLBERT-style", vilbert, {"first_stage": "VSE", "rerank_top_k": 2})):
+        cfg = yaml.safe_load(open(config))
+        cfg["trainer"].update(max_epochs=1, check_val_every_n_epoch=1, limit_train_batches=2)
+        open(config, "w").write(yaml.safe_dump(cfg))
+        full[name] = tmp_path / f"full_{slug(name)}"
+        subprocess.run([sys.executable, "-m", "grounding", "fit", "--config", config, "--trainer.default_root_dir",
+                        str(full[name])], check=True, capture_output=True)
+        models.append({"name": name, "config": config, "ckpt": str(full[name] / "checkpoints" / "best-*.ckpt"),
+                       "command": f"fit {name}", **extra})
+    board = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"), "models": models}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board))
     load_leaderboard(tmp_path / "board.yaml")
     out = tmp_path / "report"
-    assert scaling_main(["--config", str(tmp_path / "board.yaml"), "--models", "VSE", "--photos", "8", "1000",
+    assert scaling_main(["--config", str(tmp_path / "board.yaml"), "--models", "ViLBERT-style", "--photos", "8", "1000",
                          "--runs", str(tmp_path / "runs"), "--out", str(out), "--fit"]) == 0
     rows = json.loads((out / "scaling.json").read_text())["rows"]
-    assert [(r["model"], r["status"]) for r in rows] == [("VSE", "ok"), ("VSE", "ok")]
-    small, whole = rows
+    assert [(r["model"], r["status"]) for r in rows] == [("VSE", "ok")] * 2 + [("ViLBERT-style", "ok")] * 2
+    for row in rows[2:]:  # each size reranks VSE's run of that size, whose recall@2 is the ceiling
+        assert row["first_stage"].startswith(f"VSE @ {row['photos']}, R@2 ")
+    assert len(set(checkpoint_training_keys(next((tmp_path / "runs" / "vilbert-style" / "n8" / "checkpoints")
+                                                 .glob("best-*.ckpt"))).tolist())) == 8
+    small, whole = rows[:2]
     assert small["photos"] == 8 and whole["photos"] > 8  # the whole training split, not the 1000 asked for
     small_ckpt = next((tmp_path / "runs" / "vse" / "n8" / "checkpoints").glob("best-*.ckpt"))
     assert len(set(checkpoint_training_keys(small_ckpt).tolist())) == 8  # the images its fit trained on
-    assert len(set(checkpoint_training_keys(next((full / "checkpoints").glob("best-*.ckpt"))).tolist())) > 8
+    assert len(set(checkpoint_training_keys(next((full["VSE"] / "checkpoints").glob("best-*.ckpt"))).tolist())) > 8
     assert (out / "scaling.png").stat().st_size > 1000 and "| VSE | 8 |" in (out / "scaling.md").read_text()

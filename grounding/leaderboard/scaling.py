@@ -8,7 +8,18 @@ fit of the model's own config with the training split cut to a seeded sample of 
 one after another). A size that is the whole training split uses the leaderboard row's own checkpoint. Every run is
 then tested by the leaderboard's code on the test set (without the compositional split), and the table
 (``scaling.md``, ``.csv``, ``.json``) and the plot (``scaling.png``) are written to ``--out``. A size whose run is
-missing is a row naming the command that makes it.
+missing is a row naming the command that makes it; a fit that stopped early (killed) is resumed by ``--fit`` from its
+``last.ckpt`` and is otherwise a skipped row, never tested as trained.
+
+Cross-encoders (rows with a ``first_stage``) rerank their first stage's top K: at N photos, by default, that first
+stage's own run at N photos (``--first-stage same``; it is added to the models when not named), so nothing at N
+learned from more than N photos; ``--first-stage full`` reranks the whole-split first stage instead (the reranker's
+own learning curve on a fixed candidate list). The table prints the first stage's recall@K, the rerank's ceiling.
+
+Scaled fits validate at most ``--validations`` times (default 3), always at their last epoch: every d epochs, d the
+smallest divisor of the config's ``max_epochs`` that allows it (15 epochs: 5, 10, 15; 8: 4, 8), because on 750
+photos one evaluation of the full dev split costs more than an epoch; a config that already validates that rarely,
+ending at its last epoch, keeps its own schedule. The best of those epochs on dev is tested.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from grounding.leaderboard.board import (
     LeaderboardError,
     ModelEntry,
     evaluate,
+    fit_progress,
     load_leaderboard,
     reference_data,
 )
@@ -41,8 +53,9 @@ from grounding.paths import resolve_path
 from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
 
-COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "train_minutes", "epochs", "status",
-           "command")
+COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "first_stage", "train_minutes", "epochs",
+           "status", "command")
+FIRST_STAGE_SIZES = ("same", "full")
 
 
 def slug(name: str) -> str:
@@ -62,6 +75,30 @@ def subset_override(config: str, photos: int) -> dict:
     return {"data": {"init_args": {"train_subset": photos}}}
 
 
+def validation_every(max_epochs: int, every: int, validations: int) -> int | None:
+    """``check_val_every_n_epoch`` for a scaled fit: at most ``validations`` dev evaluations, the last at the last
+    epoch (d = the smallest divisor of ``max_epochs`` with max_epochs / d <= validations); None when the config's own
+    ``every`` already does that."""
+    if max_epochs < 1 or validations < 1:
+        raise LeaderboardError(f"--validations {validations}: at least 1 (max_epochs {max_epochs})")
+    if max_epochs % every == 0 and max_epochs // every <= validations:
+        return None
+    return next(d for d in range(1, max_epochs + 1) if max_epochs % d == 0 and max_epochs // d <= validations)
+
+
+def scaled_fit_args(config: str, validations: int | None) -> list[str]:
+    """The validation override of :func:`validation_every` for ``config`` (none when ``validations`` is None)."""
+    if validations is None:
+        return []
+    try:
+        trainer = resolved_config(config).get("trainer") or {}
+    except ConfigError as e:
+        raise LeaderboardError(str(e)) from None
+    every = validation_every(int(trainer.get("max_epochs") or 1), int(trainer.get("check_val_every_n_epoch") or 1),
+                             validations)
+    return [] if every is None else ["--trainer.check_val_every_n_epoch", str(every)]
+
+
 def fit_command(entry: ModelEntry, photos: int, folder: Path, fit_args: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "grounding", "fit", "--config", entry.config, "--config",
             yaml.safe_dump(subset_override(entry.config, photos), default_flow_style=True).strip(),
@@ -69,33 +106,57 @@ def fit_command(entry: ModelEntry, photos: int, folder: Path, fit_args: Sequence
 
 
 def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]:
-    """The named suite models of ``board`` (trained by one config, reranking nothing); else one LeaderboardError."""
-    by_name = {m.name: m for m in board.models if m.semclip is None and m.first_stage is None and not m.ensemble}
+    """The named suite models of ``board`` (trained by one config; cross-encoders rerank a first stage); else one
+    LeaderboardError."""
+    by_name = {m.name: m for m in board.models if m.semclip is None and not m.ensemble and m.config}
     for name in models:
         if name not in by_name:
-            raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config without a "
-                                   f"first stage; one of {sorted(by_name)}")
+            raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config; one of "
+                                   f"{sorted(by_name)}")
     return by_name
 
 
+def with_first_stages(board: Leaderboard, models: list[str]) -> list[str]:
+    """``models`` with the first stage of every cross-encoder among them placed before it (each model once)."""
+    by_name = check_models(board, models)
+    out: list[str] = []
+    for name in models:
+        first = by_name[name].first_stage
+        out.extend(n for n in (first, name) if n and n not in out)
+    check_models(board, out)
+    return out
+
+
 def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], runs: Path, train_photos: int,
-                    fit: bool, log=print, fit_args: Sequence[str] = ()) -> list[tuple[str, int, ModelEntry | None, str]]:
+                    fit: bool, log=print, fit_args: Sequence[str] = (), first_stage: str = "same",
+                    validations: int | None = 3) -> list[tuple[str, int, ModelEntry | None, str]]:
     """(model, N, the entry to test or None when its run is missing, the command that makes it) for every model and
-    size; with ``fit`` the missing runs are fit first."""
+    size, first stages before the cross-encoders that rerank them (named ``<first stage> @ <N>``: the same N, or
+    the whole split with ``first_stage="full"``); with ``fit`` the missing runs are fit first and stopped ones
+    resumed from their ``last.ckpt``."""
+    if first_stage not in FIRST_STAGE_SIZES:
+        raise LeaderboardError(f"--first-stage {first_stage}: one of {', '.join(FIRST_STAGE_SIZES)}")
+    models = with_first_stages(board, models)
     by_name = check_models(board, models)
     out = []
     for name in models:
         entry = by_name[name]
-        for n in photos:
-            if n >= train_photos:  # the whole training split: the leaderboard row's own run
-                out.append((name, train_photos, entry, entry.command))
+        for n in sorted({min(n, train_photos) for n in photos}):
+            stage = None if entry.first_stage is None else \
+                f"{entry.first_stage} @ {train_photos if first_stage == 'full' else n}"
+            if n == train_photos:  # the whole training split: the leaderboard row's own (seed-0) run, one seed like the rest
+                out.append((name, n, replace(entry, first_stage=stage, other_seeds=[]), entry.command))
                 continue
             folder = runs / slug(name) / f"n{n}"
-            cmd = fit_command(entry, n, folder, fit_args)
+            cmd = fit_command(entry, n, folder, [*scaled_fit_args(entry.config, validations), *fit_args])
             shown = f"python {' '.join(cmd[1:7])} '{cmd[7]}' {' '.join(cmd[8:])}"
             scaled = replace(entry, name=f"{name} @ {n}", ckpt=str(folder / "checkpoints" / "best-*.ckpt"), runs=[],
-                             command=shown)
-            if scaled.checkpoint() is None and fit:
+                             command=shown, first_stage=stage, other_seeds=[])
+            if fit and (folder / "checkpoints" / "last.ckpt").is_file() and (
+                    scaled.checkpoint() is None or fit_progress(folder) is not None):
+                log(f"{name} @ {n} photos: its fit stopped early: resuming ({shown} --ckpt_path last)")
+                subprocess.run([*cmd, "--ckpt_path", "last"], check=True)
+            elif scaled.checkpoint() is None and fit:
                 log(f"{name} @ {n} photos: fitting ({shown})")
                 subprocess.run(cmd, check=True)
             out.append((name, n, scaled if scaled.checkpoint() is not None else None, shown))
@@ -103,21 +164,34 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
 
 
 def run_scaling(board: Leaderboard, models: list[str], photos: list[int], runs: Path, fit: bool = False,
-                log=print, fit_args: Sequence[str] = ()) -> list[dict]:
+                log=print, fit_args: Sequence[str] = (), first_stage: str = "same",
+                validations: int | None = 3) -> list[dict]:
     """The scaling rows: every model at every size, tested on the board's test set (no compositional split)."""
     dm = reference_data(board.test_set)
     train_photos = len(dm.train_dataset)
-    planned = scaling_entries(board, models, sorted(set(photos)), runs, train_photos, fit, log, fit_args)
+    planned = scaling_entries(board, models, sorted(set(photos)), runs, train_photos, fit, log, fit_args, first_stage,
+                              validations)
     test_set = replace(board.test_set, compositional_split=None)
-    present = [replace(e, name=f"{name} @ {n}") for name, n, e, _ in planned if e is not None]
+    present, without_first_stage = [], {}
+    for name, n, e, _ in planned:  # in order: a first stage before its rerankers
+        if e is None:
+            continue
+        if e.first_stage is not None and e.first_stage not in {p.name for p in present}:
+            without_first_stage[f"{name} @ {n}"] = e.first_stage
+            continue
+        present.append(replace(e, name=f"{name} @ {n}"))
     tested = {r["model"]: r for r in evaluate(Leaderboard(test_set, present, board.out, board.source), log=log)} \
         if present else {}
     rows = []
     for name, n, entry, command in planned:
         row = tested.get(f"{name} @ {n}") if entry is not None else None
         base = {"model": name, "photos": n, "command": command}
-        rows.append({**base, "status": f"skipped: no run for {n} photos"} if row is None
-                    else {**base, **{k: row.get(k) for k in COLUMNS if k not in base}})
+        if f"{name} @ {n}" in without_first_stage:
+            rows.append({**base, "status": f"skipped: its first stage {without_first_stage[f'{name} @ {n}']} has no run"})
+        elif row is None:
+            rows.append({**base, "status": f"skipped: no run for {n} photos"})
+        else:
+            rows.append({**base, **{k: row.get(k) for k in COLUMNS if k not in base}})
     return rows
 
 
@@ -149,14 +223,16 @@ def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | training photos | rsum [95 % CI] | t2i R@1 | i2t R@1 | train min | epochs |", "|" + "---|" * 7]
+    lines = ["| model | training photos | rsum [95 % CI] | t2i R@1 | i2t R@1 | first stage (its t2i recall@K) | train min "
+             "| epochs |", "|" + "---|" * 8]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['photos']} | {r.get('status')}: `{r['command']}` | | | | |")
+            lines.append(f"| {r['model']} | {r['photos']} | {r.get('status')}: `{r['command']}` | | | | | |")
             continue
         minutes = "–" if r.get("train_minutes") is None else f"{r['train_minutes']:.1f}"
         lines.append(f"| {r['model']} | {r['photos']} | {r['rsum']:.1f} [{r['rsum_low']:.1f}, {r['rsum_high']:.1f}] | "
-                     f"{r['t2i_r1']:.1f} | {r['i2t_r1']:.1f} | {minutes} | {r.get('epochs') or '–'} |")
+                     f"{r['t2i_r1']:.1f} | {r['i2t_r1']:.1f} | {r.get('first_stage') or '–'} | {minutes} | "
+                     f"{r.get('epochs') or '–'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,18 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="outputs/scaling", help="run folders: <runs>/<model>/n<N>")
     p.add_argument("--out", default=None, help="report folder (default: reports/scaling/<test set>)")
     p.add_argument("--fit", action="store_true", help="fit the missing runs first (one after another)")
-    p.add_argument("--fit-args", default="", metavar="ARGS",
-                   help="more options for those fits, one string (e.g. '--trainer.check_val_every_n_epoch 5': a "
-                        "dev evaluation of the full dev split costs more than an epoch on 750 photos)")
+    p.add_argument("--fit-args", default="", metavar="ARGS", help="more options for those fits, one string")
+    p.add_argument("--validations", type=int, default=3, metavar="V",
+                   help="a scaled fit evaluates dev at most V times, the last at its last epoch (0: the config's own "
+                        "schedule)")
+    p.add_argument("--first-stage", choices=FIRST_STAGE_SIZES, default="same",
+                   help="a cross-encoder at N photos reranks its first stage's run at N photos (same) or at the whole "
+                        "split (full)")
     args = p.parse_args(argv)
-    if any(n < 1 for n in args.photos):
-        print(f"error: --photos must be positive; got {args.photos}", file=sys.stderr)
+    if any(n < 1 for n in args.photos) or args.validations < 0:
+        print(f"error: --photos and --validations must be positive; got {args.photos} and {args.validations}",
+              file=sys.stderr)
         return 2
     try:
         board = load_leaderboard(args.config)
-        check_models(board, args.models)  # before the test set is read
+        with_first_stages(board, args.models)  # before the test set is read
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
-                           log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=shlex.split(args.fit_args))
+                           log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=shlex.split(args.fit_args),
+                           first_stage=args.first_stage, validations=args.validations or None)
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
