@@ -1,7 +1,7 @@
 """Where a cross-encoder's training step spends its time: COMPOSER against ViLBERT-style on one schedule.
 
     python benchmarks/bench_cross_encoder_train.py [--configs A.yaml B.yaml] [--steps 20] [--warmup 3]
-        [--train-photos 6000]
+        [--train-photos 6000] [--packed both|true|false] [--precision 32-true|bf16-mixed|both]
 
 Each config's model and DataModule are built as ``python -m grounding fit`` builds them (``grounding.cli.build_stage``,
 the frozen backbone's feature cache included) and trained for ``warmup + steps`` optimizer steps by Lightning in a
@@ -14,7 +14,9 @@ columns extrapolate the config's own schedule (its ``max_epochs``, every caption
 training photos at this step time: the paper-schedule training time on all of Flickr8k on this machine. Each config
 runs with its text encoder padded and on real tokens only (``packed_tokens``; ``--packed``), one fit after the other
 (so their ratio moves with the machine's load); then COMPOSER's Predicate Transformer alone on the same templates,
-padded against real tokens only, interleaved (a ratio that holds under load).
+padded against real tokens only, interleaved (a ratio that holds under load). ``--precision both``: each config also
+under Lightning's ``bf16-mixed`` (autocast; on a CPU with AVX512-BF16 or AMX, oneDNN runs the matrix products in
+bfloat16), one fit after the other.
 
 On a GPU every timing mark waits for the queued kernels first (``torch.cuda.synchronize``), and the timed steps run
 under ``torch.cuda.set_sync_debug_mode("warn")``: the report adds the host-device synchronisations a step, by the
@@ -150,9 +152,10 @@ def _is_sync_warning(w: warnings.WarningMessage) -> bool:
     return "synchroniz" in str(w.message) and Path(w.filename).resolve() != Path(__file__).resolve()
 
 
-def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
+def profile(config: str, steps: int, warmup: int, packed: bool, precision: str = "32-true") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [{"trainer": {"max_steps": warmup + steps, "limit_val_batches": 0, "num_sanity_val_steps": 0}},
+        overrides = [{"trainer": {"max_steps": warmup + steps, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+                                  "precision": precision}},
                      {"model": {"init_args": {"net": {"init_args": {"packed_tokens": packed}}}}}]
         cli = build_stage(resolve_path(config), overrides, workdir=tmp)
         model, dm, trainer = cli.model, cli.datamodule, cli.trainer
@@ -174,7 +177,7 @@ def profile(config: str, steps: int, warmup: int, packed: bool) -> dict:
         photos = len(dm.train_dataset)
     # means, so the phases add up to the step and the parts to the forward
     step = statistics.mean(timer.phases["step"])
-    label = f"{Path(config).name}, packed_tokens {str(packed).lower()}"
+    label = f"{Path(config).name}, packed_tokens {str(packed).lower()}, {precision}"
     return {"config": config, "label": label, "step": step, "phases": {k: statistics.mean(v) for k, v in timer.phases.items()},
             "parts": {k: statistics.mean(v) for k, v in timer.parts.items()}, "steps_per_epoch": steps_per_epoch,
             "syncs": {site: n / steps for site, n in timer.syncs.items()} if on_gpu else None,
@@ -214,10 +217,13 @@ def main() -> int:
     ap.add_argument("--train-photos", type=int, default=6000, help="photos to extrapolate the schedule to")
     ap.add_argument("--packed", choices=("both", "true", "false"), default="both",
                     help="the text encoder on real tokens only (packed_tokens), padded, or both side by side")
+    ap.add_argument("--precision", choices=("32-true", "bf16-mixed", "both"), default="32-true",
+                    help="the trainer's precision; both: 32-true and bf16-mixed side by side")
     args = ap.parse_args()
     configs = args.configs or (FLICKR8K if resolve_path("../shared/data/flickr8k").is_dir() else WORLD)
     packed = {"both": (False, True), "true": (True,), "false": (False,)}[args.packed]
-    results = [profile(c, args.steps, args.warmup, p) for c in configs for p in packed]
+    precisions = ("32-true", "bf16-mixed") if args.precision == "both" else (args.precision,)
+    results = [profile(c, args.steps, args.warmup, p, q) for c in configs for p in packed for q in precisions]
     print(f"\ntraining steps through trainer.fit, mean seconds a step over {args.steps} after {args.warmup} untimed")
     for r in results:
         scale = args.train_photos / r["photos"]

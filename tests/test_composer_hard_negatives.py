@@ -253,6 +253,12 @@ def test_world_train_loader_hard_captions_are_neighbours(tiny_world, tmp_path, m
     assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again))  # reproducible per (seed, epoch)
     other = epoch(1)
     assert any(not torch.equal(a[1], b[1]) for a, b in zip(first, other))
+    # a fit resumed after epoch 1's first batch (the loader's state in its checkpoint) goes on with the second
+    resumed = dm.train_dataloader()
+    resumed.load_state_dict({"epoch": 1, "batches": 1})
+    resumed.sampler.set_epoch(1)
+    rest = [b["captions"] for b in resumed]
+    assert len(rest) == len(other) - 1 and all(torch.equal(a, b[1]) for a, b in zip(rest, other[1:]))
 
 
 # ---------------------------------------------------------------------------------------------- end to end
