@@ -132,3 +132,33 @@ def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
     (resumed / "metrics.csv").write_text("epoch,step,train/t2i_r1\n1,19,31.0\n2,24,40.0\n")
     assert read_curve(tmp_path / "composer_s0") == ([1, 2, 3], [10.0, 31.0, 40.0])
     assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):
+    """Under bf16-mixed the regions are bfloat16; COMPOSER's and ViLBERT-style's score matrices stay float32 (before,
+    COMPOSER's evaluation failed to fill a bfloat16 matrix with its float32 scores, and ViLBERT-style's rounded its
+    scores to bfloat16, whose steps of 0.06 near 10 tie close images). Same recalls as in float32 here."""
+    from grounding.composer.baselines import ViLBERT, ViLBERTTraining
+    from grounding.composer.diagnostics import train_recall
+
+    torch.manual_seed(0)
+    vilbert = ViLBERT(text_encoder="minilm", backbone="efficientnet_lite0", image_size=128, image_layers=2,
+                      coattention_layers=2, image_dim=64, image_heads=2, image_ffn_dim=64, co_dim=64, co_heads=2,
+                      norm_first=True, text_pooling="mean", dropout=0.0)
+    modules = [ComposerTraining(Composer(**WORLD_FIT_NET), feature_cache=False),
+               ViLBERTTraining(vilbert, eval_phrases="never", feature_cache=False)]
+    for module in modules:
+        dtypes = []
+        score = module.score_caption_batch
+
+        def recorded(*args, score=score, **kwargs):
+            out = score(*args, **kwargs)
+            dtypes.append(out[0].dtype)
+            return out
+
+        module.score_caption_batch = recorded
+        exact = train_recall(module, world16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = train_recall(module, world16)
+        assert dtypes == [torch.float32, torch.float32], (type(module).__name__, dtypes)
+        assert mixed["t2i_r1"] == pytest.approx(exact["t2i_r1"], abs=15), (type(module).__name__, exact, mixed)

@@ -10,7 +10,7 @@
                                                  [--rerank-top-k K] [--limit N]   # Fig. 4 (grounding/leaderboard/splits.py)
     python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6]  # Table 6 (cost.py)
     python -m grounding.composer fit-check [--score-head image_gated] [--composition-scale G] [--seeds 0 1 2] [--steps 30]
-                                           # does COMPOSER fit 16 training images? (diagnostics.py)
+                                           [--precision bf16-mixed]  # does COMPOSER fit 16 training images? (diagnostics.py)
 
 ``--config experiments/composer/<name>.yaml`` fills any option of crg / stats / mcd from a YAML file
 (keys are the option names with underscores, at the top level or under the command's name, as in
@@ -147,6 +147,8 @@ def build_argparser() -> ArgumentParser:
     fit.add_argument("--composition-scale", type=Optional[float], default=None, help="Composer's composition_scale")
     fit.add_argument("--text-encoder", default="minilm", help="the Predicate Transformer's encoder")
     fit.add_argument("--out", type=str, default=".cache/composer/fit_check_world", help="where the generated world goes")
+    fit.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
+                     help="the fits' precision (bf16-mixed: the forward under bfloat16 autocast, as Lightning's)")
     for name, p, help_ in [
         ("crg", crg, "parse captions, build the Concept & Relation Graph, print Table 1 stats"),
         ("stats", st, "Table 1 columns of a saved graph or of a caption file"),
@@ -287,7 +289,7 @@ def _fit_check(args) -> int:
             init = init_diagnostics(net, dm)
             print(f"init (seed {seed}): " + ", ".join(f"{k} {v:.3f}" for k, v in init.items()), flush=True)
         module = ComposerTraining(net, concept_reduction="mean", new_layer_lr_scale=5.0, feature_cache=False)
-        recall.append(fit_small(module, dm, steps=args.steps, lr=1e-4, seed=seed)["t2i_r1"])
+        recall.append(fit_small(module, dm, steps=args.steps, lr=1e-4, seed=seed, precision=args.precision)["t2i_r1"])
     sd = float(np.std(recall, ddof=1)) if len(recall) > 1 else 0.0
     print(f"train text→image R@1 after {args.steps} steps: {' / '.join(f'{r:.1f}' for r in recall)} "
           f"(seeds {' '.join(map(str, args.seeds))}): {np.mean(recall):.1f} ± {sd:.1f}")

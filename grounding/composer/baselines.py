@@ -379,7 +379,7 @@ class ViLBERTTraining(RegionRetrievalModule):
         above the others (:func:`grounding.retrieval_metrics.place_reranked`); ``eval_pair_chunk`` pairs at a time."""
         pair_image, pair_caption = rerank_pairs(first, self.rerank_top_k)
         text = self.net.encode_texts(ids, mask)
-        out = regions.new_empty(len(pair_image))
+        out = regions.new_empty(len(pair_image), dtype=torch.float32)  # float32 like the scores, under bf16 autocast too
         for start in range(0, len(out), self.eval_pair_chunk):
             pi, pc = pair_image[start:start + self.eval_pair_chunk], pair_caption[start:start + self.eval_pair_chunk]
             out[start:start + len(pi)] = self.net.cross(text[pc], mask[pc], regions[pi], region_mask[pi]).to(out.dtype)
@@ -389,7 +389,7 @@ class ViLBERTTraining(RegionRetrievalModule):
     def all_pair_scores(self, ids, mask, regions, region_mask) -> torch.Tensor:
         """s(x, y) of every image and text (I, T), ``eval_pair_chunk`` cross-encoder pairs at a time."""
         n_img, n_text = len(regions), len(ids)
-        out = regions.new_empty(n_img * n_text)
+        out = regions.new_empty(n_img * n_text, dtype=torch.float32)  # float32 like the scores (alignment_score)
         if not n_text:
             return out.view(n_img, 0)
         text = self.net.encode_texts(ids, mask)

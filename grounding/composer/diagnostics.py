@@ -81,10 +81,17 @@ def train_recall(module, dm, n_images: int | None = None) -> dict[str, float]:
     return retrieval_metrics(sentence.float().cpu(), captions["caption_image_index"])
 
 
-def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0) -> dict:
+def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0, precision: str = "32-true") -> dict:
     """Train ``module`` (a COMPOSER or baseline training module) for ``steps`` batches with Adam at ``lr`` (no
     schedule; the module's parameter groups, so ``new_layer_lr_scale`` applies), then score the training set.
+    ``precision``: ``32-true`` or ``bf16-mixed`` (the forward passes under bfloat16 autocast, as Lightning's).
     Returns ``{"loss": [...], "match": [...], **train recall}``."""
+    if precision not in ("32-true", "bf16-mixed"):
+        raise ValueError(f"precision must be 32-true or bf16-mixed; got {precision!r}")
+
+    def autocast():
+        return torch.autocast(module.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+
     torch.manual_seed(seed)
     optimizer = scale_group_lrs(torch.optim.Adam(module.trainable_parameters(), lr=lr))
     module.train()
@@ -100,13 +107,16 @@ def fit_small(module, dm, steps: int = 30, lr: float = 3e-4, seed: int = 0) -> d
 
     for step, batch in enumerate(islice(batches(), steps)):
         module.steps_taken = step  # the aux-loss ramp's clock without a Trainer
-        losses = module.compute_losses(batch)
+        with autocast():
+            losses = module.compute_losses(batch)
         optimizer.zero_grad()
         losses["loss"].backward()
         optimizer.step()
         history["loss"].append(float(losses["loss"].detach()))
         history["match"].append(float(losses["match"].detach()))
-    return {**history, **train_recall(module, dm)}
+    with autocast():
+        recall = train_recall(module, dm)
+    return {**history, **recall}
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ def primitive_first_stage(net: Composer, batch: dict, regions: torch.Tensor, reg
     """The rerank first stage (I, C): the mean primitive score θᵀû over each caption's primitives, for every image."""
     batch = _to(batch, regions.device)
     n_img, n_cap = len(regions), len(batch["captions"])
-    first = regions.new_zeros(n_img, n_cap)
+    first = regions.new_zeros(n_img, n_cap, dtype=torch.float32)  # scores in float32 (under bf16 autocast too)
     n_prim = torch.bincount(batch["prim_caption"], minlength=n_cap)  # >= 1: every caption has a primitive node
     for start in range(0, n_img, image_chunk):
         img = torch.arange(start, min(start + image_chunk, n_img), device=regions.device)
@@ -53,8 +53,9 @@ def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mas
     phrase = batch.get("phrase_node", torch.zeros(0, dtype=torch.long, device=regions.device))
     phrase_caption = torch.searchsorted(node_ptr, phrase, right=True) - 1
     phrase_local = phrase - node_ptr[phrase_caption]
-    sentence = regions.new_full((n_img, n_cap), float("-inf"))
-    phrases = regions.new_full((n_img, len(phrase)), float("-inf"))
+    # float32 like the scores (Composer.score): under bf16 autocast the regions are bfloat16, whose steps would tie
+    sentence = regions.new_full((n_img, n_cap), float("-inf"), dtype=torch.float32)
+    phrases = regions.new_full((n_img, len(phrase)), float("-inf"), dtype=torch.float32)
     if rerank_top_k is None or rerank_top_k >= n_img:
         images = torch.arange(n_img, device=regions.device)
         for start in range(0, n_img, image_chunk):
