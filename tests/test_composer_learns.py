@@ -151,7 +151,7 @@ def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):
         dtypes = []
         score = module.score_caption_batch
 
-        def recorded(*args, score=score, **kwargs):
+        def recorded(*args, score=score, dtypes=dtypes, **kwargs):
             out = score(*args, **kwargs)
             dtypes.append(out[0].dtype)
             return out
