@@ -94,7 +94,11 @@ def test_a_cross_encoder_at_n_photos_reranks_its_first_stage_at_n_photos(tmp_pat
     for first_stage, expected in (("same", "VSE @ 750"), ("full", "VSE @ 6000")):
         plan = scaling_entries(board, ["ViLBERT-style"], [750], tmp_path / "runs", 6000, fit=False,
                                first_stage=first_stage)
-        assert plan[1][2].first_stage == expected and plan[1][2].name == "ViLBERT-style @ 750"
+        reranker = next(entry for name, n, entry, _ in plan if (name, n) == ("ViLBERT-style", 750))
+        assert reranker.first_stage == expected and reranker.name == "ViLBERT-style @ 750"
+    # --first-stage full plans the first stage's whole-split point even when the sizes leave it out
+    plan = scaling_entries(board, ["ViLBERT-style"], [750], tmp_path / "runs", 6000, fit=False, first_stage="full")
+    assert [(name, n) for name, n, _, _ in plan] == [("VSE", 750), ("VSE", 6000), ("ViLBERT-style", 750)]
     with pytest.raises(LeaderboardError, match="--first-stage half"):
         scaling_entries(board, ["VSE"], [750], tmp_path / "runs", 6000, fit=False, first_stage="half")
 

@@ -138,10 +138,13 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
         raise LeaderboardError(f"--first-stage {first_stage}: one of {', '.join(FIRST_STAGE_SIZES)}")
     models = with_first_stages(board, models)
     by_name = check_models(board, models)
+    stages = {by_name[m].first_stage for m in models if by_name[m].first_stage}
     out = []
     for name in models:
         entry = by_name[name]
-        for n in sorted({min(n, train_photos) for n in photos}):
+        # with first_stage="full", a first stage is also needed at the whole split, whatever the sizes asked
+        extra = [train_photos] if first_stage == "full" and name in stages else []
+        for n in sorted({min(n, train_photos) for n in [*photos, *extra]}):
             stage = None if entry.first_stage is None else \
                 f"{entry.first_stage} @ {train_photos if first_stage == 'full' else n}"
             if n == train_photos:  # the whole training split: the leaderboard row's own (seed-0) run, one seed like the rest
