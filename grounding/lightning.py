@@ -199,12 +199,14 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """Mid-epoch: last.ckpt (and the record) once ``every_minutes`` of training have passed since the last save,
-        except at an epoch's last batch (its end-of-epoch save follows). Rank 0's clock decides for every rank:
-        the save is collective under DDP. The checkpoint holds the training loader's position
+        except at an epoch's last batch (its end-of-epoch save follows). Rank 0's clock decides for every rank
+        (the save is collective under DDP), read at every 16th batch there. The checkpoint holds the training loader's position
         (data_modules.captions.ResumableLoader), so ``--ckpt_path last`` goes on with the epoch's next batch."""
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if not self.every_seconds or trainer.sanity_checking or trainer.fast_dev_run:
             return
+        if trainer.world_size > 1 and (batch_idx + 1) % 16:
+            return  # under DDP the clock is read every 16th batch: the broadcast below is a collective and a sync
         due = trainer.strategy.broadcast(time.monotonic() - self.saved_at >= self.every_seconds)
         if not due or batch_idx + 1 >= trainer.num_training_batches:
             return

@@ -116,3 +116,37 @@ def test_fit_record_counts_a_mid_epoch_save_and_its_resume(tmp_path):
     assert (first["epochs"], first["steps"]) == (0, 5) and "last_epoch" not in first
     assert first["seconds"] == round(done["segments"][0]["seconds"] * 5 / 14, 1)
     assert len(earlier.segments) == 2  # the cut one and the new one; the segment from step 14 dropped
+
+
+def test_mid_epoch_saves_follow_the_clock_and_read_it_every_16th_batch_under_ddp(tmp_path, monkeypatch):
+    """One process: the clock at every batch, a save once the interval has passed (never at the epoch's last batch).
+    Several: rank 0's clock through a broadcast (a collective), read at every 16th batch only."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from grounding.lightning import LastCheckpoint
+
+    # Lightning's own per-batch checks (step and time intervals, both off here) need a real Trainer
+    monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", lambda *args: None)
+
+    def run(world_size, every_minutes, batches=40):
+        record = FitRecord()
+        saves, broadcasts = [], []
+        last = LastCheckpoint(record, every_minutes=every_minutes, dirpath=tmp_path, monitor=None, save_top_k=1,
+                              filename="last", enable_version_counter=False, save_on_train_epoch_end=True)
+        monkeypatch.setattr(last, "_save_checkpoint", lambda trainer, path: saves.append((trainer.batch, path)))
+        monkeypatch.setattr(record, "update", lambda trainer, epochs_done: None)
+        monkeypatch.setattr(record, "write", lambda trainer: None)
+        strategy = SimpleNamespace(broadcast=lambda due: broadcasts.append(due) or due)
+        for batch in range(batches):
+            trainer = SimpleNamespace(sanity_checking=False, fast_dev_run=False, world_size=world_size, batch=batch,
+                                      strategy=strategy, num_training_batches=batches, current_epoch=0, global_step=batch)
+            last.saved_at -= 3600  # an hour passes at every batch
+            LastCheckpoint.on_train_batch_end(last, trainer, None, None, None, batch)
+        return saves, broadcasts
+
+    saves, broadcasts = run(1, 15)
+    assert [b for b, _ in saves] == list(range(39)) and saves[0][1] == str(tmp_path / "last.ckpt")  # not batch 39
+    assert len(broadcasts) == 40
+    saves, broadcasts = run(2, 15)
+    assert [b for b, _ in saves] == [15, 31] and len(broadcasts) == 2
+    assert run(1, 0) == ([], [])  # 0: epoch ends only
