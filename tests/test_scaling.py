@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -114,7 +115,7 @@ def test_scaling_fits_the_missing_size_and_tests_every_size(tiny_world, tmp_path
     for name, config, extra in (("VSE", vse, {}), ("ViLBERT-style", vilbert, {"first_stage": "VSE", "rerank_top_k": 2})):
         cfg = yaml.safe_load(open(config))
         cfg["trainer"].update(max_epochs=1, check_val_every_n_epoch=1, limit_train_batches=2)
-        open(config, "w").write(yaml.safe_dump(cfg))
+        Path(config).write_text(yaml.safe_dump(cfg))
         full[name] = tmp_path / f"full_{slug(name)}"
         subprocess.run([sys.executable, "-m", "grounding", "fit", "--config", config, "--trainer.default_root_dir",
                         str(full[name])], check=True, capture_output=True)
