@@ -24,7 +24,7 @@ from grounding.composer.batch import TokenTables, composition_batch
 from grounding.composer.build import build_concept_graph
 from grounding.composer.captions import read_captions
 from grounding.composer.evaluation import score_captions
-from grounding.composer.model import Composer, compose_node_by_node
+from grounding.composer.model import Composer, ComposerSizes, compose_node_by_node
 from grounding.encoders import load_tokenizer
 from grounding.paths import resolve_path
 
@@ -44,7 +44,7 @@ def main() -> int:
     graph, _ = build_concept_graph(captions, backend="spacy")
     tables = TokenTables(graph, load_tokenizer("minilm"), captions.captions)
     net = Composer(text_encoder="minilm", backbone="efficientnet_lite0", backbone_weights=None, image_size=128,
-                   ct_layers=3, dim=128, heads=4, co_dim=128, co_heads=4).eval()
+                   sizes=ComposerSizes(ct_layers=3, dim=128, heads=4, co_dim=128, co_heads=4)).eval()
     batch = composition_batch(graph, tables, np.arange(args.captions))
     regions, mask = net.embed_regions(torch.randn(args.images, 1280, 4, 4))
     pair_image = torch.arange(args.images).repeat(args.captions)

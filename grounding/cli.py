@@ -41,7 +41,7 @@ import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
-from grounding.nets import class_of
+from grounding.nets import class_of, regrouped_spec
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.run_folder import (
     RunLock,
@@ -190,6 +190,28 @@ class GroundingCLI(LightningCLI):
                                         "`best` with the run's --trainer.default_root_dir")
                 model = section.get("model")
                 check_checkpoint_class(section.ckpt_path, model.get("class_path") if model is not None else None)
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI merges the checkpoint's hyperparameters into the config (its own version of this method, with
+        # one step added): a network recorded before its options were grouped holds them flat, and is regrouped
+        # first (grounding.nets.regrouped_spec), so checkpoints of either layout test, validate and resume.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if isinstance(hparams.get("net"), dict):
+            hparams["net"] = regrouped_spec(hparams["net"])
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

@@ -6,13 +6,21 @@ options only. A checkpoint must still be self-contained, whether the module was 
 in Python: every injectable network derives from :class:`RecordedNet`, which records its own
 constructor arguments; :func:`net_spec` turns a network into ``{"class_path", "init_args"}`` (stored
 in the module's hyperparameters) and :func:`build_net` rebuilds one from that spec.
+
+A network with many switches groups them by concern into option dataclasses (``Composer(transformer=...,
+composition=...)``; a config writes each group as a nested mapping). They are recorded as plain mappings, so a
+checkpoint's hyperparameters stay plain data, and :func:`constructor_args` turns recorded arguments back into a
+constructor call, moving the flat arguments of checkpoints written before a group existed into it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
@@ -37,9 +45,58 @@ class RecordedNet(nn.Module):
             if type(self).__init__ is recorded_init:
                 bound = signature.bind(self, *args, **kw)
                 bound.apply_defaults()
-                self.init_args = {k: v for k, v in bound.arguments.items() if k != "self"}
+                # option groups as plain mappings: a checkpoint's hyperparameters hold no pickled classes
+                self.init_args = {k: dataclasses.asdict(v) if is_options(v) else v
+                                  for k, v in bound.arguments.items() if k != "self"}
 
         cls.__init__ = recorded_init
+
+
+def is_options(value) -> bool:
+    """Whether ``value`` is an option group: an instance of a dataclass."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def option_groups(cls: type) -> dict[str, type]:
+    """The constructor parameters of ``cls`` typed as an option dataclass, by name."""
+    hints = typing.get_type_hints(cls.__init__)
+    return {name: hint for name, hint in hints.items() if isinstance(hint, type) and dataclasses.is_dataclass(hint)}
+
+
+def constructor_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
+    """``cls``'s keyword arguments from recorded ``init_args``: each option group given as a mapping becomes its
+    dataclass, and a flat argument that is a field of a group moves into it, replacing the group's value (a checkpoint
+    written before the group existed; :func:`build_net`'s overrides). Unknown names are left for the constructor."""
+    args = dict(init_args)
+    own = set(inspect.signature(cls.__init__).parameters)
+    for name, group in option_groups(cls).items():
+        fields = {f.name for f in dataclasses.fields(group)} - own
+        value = args.get(name)
+        given = dataclasses.asdict(value) if is_options(value) else dict(value or {})
+        moved = {key: args.pop(key) for key in [k for k in args if k in fields]}
+        if value is not None or moved:
+            args[name] = group(**{**given, **moved})
+    return args
+
+
+def flat_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Recorded ``init_args`` (grouped or flat) as one level: each group's fields beside the other arguments."""
+    args = {}
+    for name, value in constructor_args(cls, init_args).items():
+        args.update(dataclasses.asdict(value) if is_options(value) else {name: value})
+    return args
+
+
+def regrouped_spec(spec):
+    """A recorded network spec with its ``init_args`` in its class's option groups (plain mappings); anything else,
+    or a class that does not import, is returned as it is."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("init_args"), Mapping):
+        return spec
+    cls = class_of(spec.get("class_path"))
+    if cls is None or not option_groups(cls):
+        return spec
+    args = constructor_args(cls, spec["init_args"])
+    return {**spec, "init_args": {k: dataclasses.asdict(v) if is_options(v) else v for k, v in args.items()}}
 
 
 def net_spec(net: RecordedNet) -> dict:
@@ -66,7 +123,7 @@ def build_net(spec: dict, **overrides) -> nn.Module:
         raise ValueError(f"expected a network spec {{'class_path': ..., 'init_args': {{...}}}}; got {spec!r}")
     module_name, _, class_name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**{**dict(spec.get("init_args") or {}), **overrides})
+    return cls(**constructor_args(cls, {**dict(spec.get("init_args") or {}), **overrides}))
 
 
 def as_net(net: nn.Module | dict) -> nn.Module:

@@ -12,7 +12,7 @@ from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETrain
 from grounding.composer.batch import composition_batch
 from grounding.composer.data import SplitGraph
 from grounding.composer.evaluation import phrase_hits
-from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, region_features
+from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, ComposerSizes, region_features
 from grounding.composer.objectives import same_height_partners
 from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import load_text_encoder, load_tokenizer
@@ -243,9 +243,9 @@ def test_composer_loads_checkpoints_from_before_the_coattention_block():
 
 def test_text_encoders_train_with_dropout():
     """from_pretrained returns eval mode and Lightning keeps it: every text encoder is switched to train mode."""
-    for net in (Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2,
-                         co_dim=16, co_heads=2, ct_layers=1), VSE(text_encoder="tiny-random", backbone="tiny_cnn",
-                                                                  backbone_weights=None),
+    composer = Composer(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                        sizes=ComposerSizes(pt_layers=2, heads=2, co_dim=16, co_heads=2, ct_layers=1))
+    for net in (composer, VSE(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None),
                 ViLBERT(text_encoder="tiny-random", text_layers=2, backbone="tiny_cnn", backbone_weights=None,
                         image_layers=1, coattention_layers=1, image_dim=16, image_heads=2, co_dim=16, co_heads=2)):
         encoder = getattr(net, "predicate_transformer", None) or net.text_encoder

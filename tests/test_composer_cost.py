@@ -25,6 +25,7 @@ from grounding.composer.cost import (
 from grounding.composer.model import Composer
 from grounding.composer.parsing import backend_available
 from grounding.encoders import MissingWeightsError, load_tokenizer
+from grounding.nets import constructor_args, regrouped_spec
 
 # App. A's example as the spacy backend parses it: "two [NNS]" and "the [NN]", then "[NP] are running on [NP]"
 TREE = "(S (NP (CD two) (NNS dogs)) (VP (VBP are) (VBG running) (PP (IN on) (NP (DT the) (NN grass)))))"
@@ -35,7 +36,7 @@ TINY = dict(text_encoder="tiny-random", pt_layers=2, region_source="files", regi
 
 def tiny_net(**kw) -> Composer:
     torch.manual_seed(0)
-    return Composer(**{**TINY, **kw}).eval()
+    return Composer(**constructor_args(Composer, {**TINY, **kw})).eval()
 
 
 def app_a_batch() -> dict:
@@ -128,7 +129,8 @@ def test_bert_base_uncased_without_weights_is_counted_as_its_architecture(monkey
 
 def tiny_config(tmp_path, **net) -> str:
     cfg = {"model": {"class_path": "grounding.composer.training.ComposerTraining",
-                     "init_args": {"net": {"class_path": "grounding.composer.model.Composer", "init_args": {**TINY, **net}}}},
+                     "init_args": {"net": regrouped_spec({"class_path": "grounding.composer.model.Composer",
+                                                           "init_args": {**TINY, **net}})}},
            "data": {"init_args": {"backend": "spacy"}}}
     path = tmp_path / "composer_tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))

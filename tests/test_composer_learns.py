@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from data_modules.captions import CaptionRoundsSampler
-from grounding.composer.diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
-from grounding.composer.model import Composer
+from grounding.composer.diagnostics import WORLD_FIT_COMPOSITION, WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
+from grounding.composer.model import Composer, ComposerSizes
 from grounding.composer.training import ComposerTraining
+from grounding.nets import constructor_args
 
-LEARNS = dict(readout="mean", modulator_skip=True, child_skip=True)
-WORLD_NET = {k: v for k, v in WORLD_FIT_NET.items() if k not in LEARNS}  # the paper's reading of the same network
+# the paper's reading of the same network: [CLS] readout, no skips
+PAPER = dataclasses.replace(WORLD_FIT_COMPOSITION, readout="cls", modulator_skip=False, child_skip=False)
+TINY = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+            sizes=ComposerSizes(pt_layers=2, heads=2, co_dim=16, co_heads=2, ct_layers=3))
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +33,14 @@ def test_content_reaches_the_root_at_initialisation(world16):
     reading (cls readout, no skips) +0.01σ and 0.05; before the fixes (FiLM a ≈ 0.07, equal placeholders) +0.005σ
     and 0.005."""
     torch.manual_seed(0)
-    learns = init_diagnostics(Composer(**WORLD_NET, **LEARNS), world16)
+    learns = init_diagnostics(Composer(**WORLD_FIT_NET), world16)
     assert learns["caption_gap_sigma"] >= 0.25, learns
     assert learns["noun_to_image"] >= 0.1, learns
     torch.manual_seed(0)
-    paper = init_diagnostics(Composer(**WORLD_NET), world16)
+    paper = init_diagnostics(Composer(**{**WORLD_FIT_NET, "composition": PAPER}), world16)
     assert paper["caption_gap_sigma"] < learns["caption_gap_sigma"] and paper["noun_swap"] < learns["noun_swap"], paper
     torch.manual_seed(0)
-    scaled = init_diagnostics(Composer(**WORLD_NET, **LEARNS, composition_scale=0.3), world16)
+    scaled = init_diagnostics(Composer(**constructor_args(Composer, {**WORLD_FIT_NET, "composition_scale": 0.3})), world16)
     assert scaled["caption_gap_sigma"] >= 0.5 and scaled["noun_to_image"] >= 0.1, scaled
 
 
@@ -50,8 +55,8 @@ def test_composer_fits_16_training_images(world16, score_head, steps):
     75.0 at 30 steps and 66.3 at 60. Before the fixes COMPOSER stayed at chance (6.2), ℓ_match flat at 1.40–1.45
     (docs/composer.md)."""
     torch.manual_seed(0)
-    module = ComposerTraining(Composer(**WORLD_NET, **LEARNS, score_head=score_head), concept_reduction="mean",
-                              new_layer_lr_scale=5.0, feature_cache=False)
+    net = Composer(**constructor_args(Composer, {**WORLD_FIT_NET, "score_head": score_head}))
+    module = ComposerTraining(net, concept_reduction="mean", new_layer_lr_scale=5.0, feature_cache=False)
     result = fit_small(module, world16, steps=steps, lr=1e-4, seed=0)
     assert result["t2i_r1"] >= 50, result
     assert np.mean(result["match"][-10:]) < np.mean(result["match"][:10])
@@ -81,8 +86,7 @@ def test_new_layers_get_their_own_learning_rate():
     from grounding.lightning import scale_group_lrs
 
     torch.manual_seed(0)
-    net = Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2, co_dim=16,
-                   co_heads=2, ct_layers=3)
+    net = Composer(**TINY)
     module = ComposerTraining(net, new_layer_lr_scale=5.0, feature_cache=False)
     optimizer = scale_group_lrs(torch.optim.Adam(module.trainable_parameters(), lr=1e-4))
     pretrained, new = optimizer.param_groups
@@ -97,8 +101,7 @@ def test_new_layers_get_their_own_learning_rate():
 
 def test_auxiliary_losses_ramp_in():
     torch.manual_seed(0)
-    net = Composer(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2, co_dim=16,
-                   co_heads=2, ct_layers=3)
+    net = Composer(**TINY)
     module = ComposerTraining(net, aux_ramp_steps=10, feature_cache=False)
     factors = []
     for step in (0, 5, 10, 20):

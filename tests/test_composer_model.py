@@ -17,6 +17,7 @@ from grounding.composer.model import Composer, Modulator, compose_node_by_node, 
 from grounding.composer.objectives import match_nll, mvsa_loss, order_loss, same_height_partners
 from grounding.composer.training import ComposerTraining
 from grounding.encoders import load_tokenizer
+from grounding.nets import constructor_args
 
 TREES = [
     # "a dog running on the grass": NP( NP(a dog) VP(running PP(on NP(the grass))) )
@@ -39,7 +40,7 @@ def tiny_net(**kw):
     torch.manual_seed(0)
     args = dict(text_encoder="tiny-random", pt_layers=2, backbone="tiny_cnn", backbone_weights=None, heads=2, co_dim=16,
                 co_heads=2, ct_layers=3, dropout=0.0)
-    return Composer(**{**args, **kw}).eval()
+    return Composer(**constructor_args(Composer, {**args, **kw})).eval()
 
 
 # ---------------------------------------------------------------------------------------------- batch

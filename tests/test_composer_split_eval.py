@@ -21,8 +21,8 @@ from grounding.leaderboard.splits import COLUMNS, find_splits, plot_fig4, write_
 from grounding.paths import EXPERIMENTS_DIR
 
 WORLD_CONFIG = EXPERIMENTS_DIR / "composer" / "composer_world.yaml"
-TINY_NET = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "heads": 2, "co_heads": 2,
-            "co_dim": 16, "dim": 32}
+TINY_NET = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None,
+            "sizes": {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}}
 
 
 def _need_spacy():

@@ -47,7 +47,7 @@ def stage_config(path):
 
 
 # COMPOSER's attention widths must divide the tiny text encoder's (32)
-COMPOSER_OFFLINE = {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}
+COMPOSER_OFFLINE = {"sizes.heads": 2, "sizes.co_heads": 2, "sizes.co_dim": 16, "sizes.dim": 32}
 # the ViLBERT-style baseline's image stream and co-attention at test size (its paper configs are 1024 wide)
 VILBERT_OFFLINE = {"image_dim": 32, "image_heads": 2, "image_ffn_dim": 64, "co_dim": 16, "co_heads": 2}
 

@@ -66,7 +66,7 @@ def board(tiny_world, tmp_path_factory):
             "stage1": _config(folder, "stage1", "vgbert/stage1_tiny.yaml", {**OFFLINE, "visual_heads": 4}, coco),
             "dual": _config(folder, "dual", "vgbert/baseline_tiny.yaml", {**OFFLINE, "visual_heads": 2}, coco),
             "composer": _config(folder, "composer", "composer/composer_world.yaml",
-                                {**OFFLINE, "image_size": 64, "heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32},
+                                {**OFFLINE, "image_size": 64, "sizes": {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}},
                                 {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
                                  "resize_size": 64}),
         }

@@ -260,7 +260,7 @@ def test_a_baselines_checkpoint_tests_with_composers_table2_style_config(tiny_wo
     offline, flickr, data = tiny_region_setup(tiny_world)
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     composer = _tiny_config(tmp_path, "composer", "composer/composer_world.yaml", tiny_world,
-                            {**offline, "heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}, data)
+                            {**offline, "sizes": {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}}, data)
     ckpt = _fit(vse, tmp_path / "run")
     own = _own_test(vse, ckpt, tmp_path / "t1")
     with contextlib.redirect_stdout(io.StringIO()):

@@ -21,6 +21,7 @@ an unknown option or key is one error line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -270,7 +271,7 @@ def _fit_check(args) -> int:
     import torch  # here, not at the top: torch and the network load only for this command
 
     # (the same: these load torch, transformers and Lightning)
-    from .diagnostics import WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
+    from .diagnostics import WORLD_FIT_COMPOSITION, WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
 
     # (the same)
     from .model import Composer
@@ -278,8 +279,9 @@ def _fit_check(args) -> int:
     # (the same)
     from .training import ComposerTraining
 
-    net_args = {**WORLD_FIT_NET, "score_head": args.score_head, "composition_scale": args.composition_scale,
-                "text_encoder": args.text_encoder}
+    composition = dataclasses.replace(WORLD_FIT_COMPOSITION, score_head=args.score_head,
+                                      composition_scale=args.composition_scale)
+    net_args = {**WORLD_FIT_NET, "composition": composition, "text_encoder": args.text_encoder}
     dm = fit_world(_expand(args.out), n_images=16, text_encoder=args.text_encoder, image_size=net_args["image_size"])
     recall = []
     for i, seed in enumerate(args.seeds):

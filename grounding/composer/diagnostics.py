@@ -28,13 +28,15 @@ from grounding.lightning import scale_group_lrs
 from grounding.retrieval_metrics import retrieval_metrics
 
 from .data import ComposerDataModule, collate_visual
-from .model import Composer
+from .model import Composer, ComposerSizes, CompositionOptions
 
 # composer_world.yaml's network with dropout off (the fit is measured without it), its switches that make content reach
 # the root included: the network of docs/composer.md's fit and init measurements and of tests/test_composer_learns.py
-WORLD_FIT_NET = dict(text_encoder="minilm", pt_layers=6, backbone="efficientnet_lite0", image_size=128, ct_layers=3, dim=128,
-                     heads=4, co_dim=128, co_heads=4, norm_first=True, dropout=0.0, readout="mean", modulator_skip=True,
-                     child_skip=True)
+WORLD_FIT_COMPOSITION = CompositionOptions(readout="mean", modulator_skip=True, child_skip=True)
+WORLD_FIT_NET = dict(text_encoder="minilm", backbone="efficientnet_lite0", image_size=128,
+                     sizes=ComposerSizes(pt_layers=6, ct_layers=3, dim=128, heads=4, co_dim=128, co_heads=4, norm_first=True,
+                                         dropout=0.0),
+                     composition=WORLD_FIT_COMPOSITION)
 
 
 def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: int = 128, batch_size: int = 16,

@@ -8,6 +8,7 @@ flat table, rows ``pair_node_ptr[p] + local node`` (node order of :mod:`groundin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -311,88 +312,124 @@ class CompositionTransformer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ the network
+@dataclass(frozen=True)
+class ComposerSizes:
+    """The widths and depths of :class:`Composer`. ``pt_layers``: the Predicate Transformer is the text encoder's
+    first ``pt_layers`` layers (paper: 6 of bert-base-uncased). ``ct_layers``: the Composition Transformer's layers,
+    odd (paper 5). ``heads``/``ffn_dim``: self-attention (paper 12 heads at 768; null: the text encoder's FFN, or
+    4·dim below the text width); ``co_dim``/``co_heads``: the co-attention (paper 1024, 8 heads). ``dim``: a
+    composition width below the text width (paper: null; a CPU-scale switch of the tiny configs).
+    ``modulator_hidden``: the modulator MLPs' width (null: dim). ``norm_first``: pre-LN layers (paper: post-LN, as
+    BERT/ViLBERT)."""
+
+    pt_layers: int = 6
+    ct_layers: int = 5
+    heads: int = 12
+    co_dim: int = 1024
+    co_heads: int = 8
+    ffn_dim: int | None = None
+    dim: int | None = None
+    modulator_hidden: int | None = None
+    norm_first: bool = False
+    dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class CompositionOptions:
+    """How :class:`Composer` composes and scores; each switch names the paper's reading and the suite's others.
+
+    ``primitive_cross_attention``: the primitive encoder attends to the image (paper). ``primitive_queries``: its
+    queries, the word pieces' input embeddings (``embeddings``, paper: "the primitive word embedding") or the
+    Predicate Transformer's output over them (``encoder``, beyond the paper: a pretrained sentence encoder places
+    synonyms near each other, its input embeddings need not). ``placeholder_init``: each placeholder word piece its
+    own random direction at the vocabulary's mean norm (``distinct``) or ``transformers``' resize default, the mean
+    of the vocabulary (``mean``: every placeholder the same short vector, so [NP] and [S] start indistinguishable);
+    the paper names neither. ``modulator``, ``film_identity_init``, ``modulator_skip``: see :class:`Modulator`.
+    ``readout``: the parent concept at the CT's [CLS] (``cls``, paper) or the mean over its tokens (``mean``; see
+    :class:`CompositionTransformer`). ``child_skip`` (beyond the paper): a parent concept is the CT's readout plus
+    the mean of its modulated children, a residual path along the tree; without it a leaf's content reaches the
+    root only through every level's CT, diluted among each template's tokens (a noun is one of ~7 tokens at each
+    level). ``composition_scale`` (beyond the paper, with ``child_skip``; null: off): a learned scalar γ on the
+    CT's readout, initialised at this value (LayerScale, Touvron et al., 2021), so a parent starts as γ·CT + the
+    mean of its children and the children's content dominates the root at initialisation (16-image world:
+    same-image gap +0.61σ at 0.3 against +0.34σ without; docs/composer.md). ``score_head``: the alignment
+    regressor, s(x, c) = θᵀv(x, c) (``linear``, the paper's §3.3) or θᵀ(v(x, c) ⊙ g(x)) with g(x) = ReLU(W·mean
+    of x's region tokens) (``image_gated``, beyond the paper): the image side of ViLBERT's alignment head (Lu et
+    al., 2019; the suite's ViLBERT-style scores θᵀ(pool_t ⊙ pool_v)), so a concept's score is a product of text
+    and image features from the first step, not only a function of v, whose image dependence the attention layers
+    must first learn (docs/composer.md: 16 images, 30 steps, train text→image R@1 54.5 ± 10.1 against 31.9 ± 8.9
+    over seeds 0–7; trained on the world, level with ``linear`` over 4 seeds)."""
+
+    primitive_cross_attention: bool = True
+    primitive_queries: Literal["embeddings", "encoder"] = "embeddings"
+    placeholder_init: Literal["distinct", "mean"] = "distinct"
+    modulator: Literal["film", "replace", "mlp"] = "film"
+    film_identity_init: bool = True
+    modulator_skip: bool = False
+    readout: Literal["cls", "mean"] = "cls"
+    child_skip: bool = False
+    composition_scale: float | None = None
+    score_head: Literal["linear", "image_gated"] = "linear"
+
+    def __post_init__(self):
+        for name, allowed in (("primitive_queries", PRIMITIVE_QUERIES), ("placeholder_init", PLACEHOLDER_INITS),
+                              ("modulator", MODULATORS), ("readout", READOUTS), ("score_head", SCORE_HEADS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+
+
 class Composer(RecordedNet):
     """COMPOSER: v(x, y) composed recursively over y's Concept & Relation Graph, s(x, c) = θᵀ v(x, c).
 
-    ``text_encoder``: the PT is its first ``pt_layers`` layers (paper: 6 of bert-base-uncased) and its
-    embeddings give the primitives' word pieces. ``heads``/``ffn_dim``: self-attention (paper 12 heads at
-    768); ``co_dim``/``co_heads``: the Composition Transformer's co-attention (paper 1024, 8 heads).
-    ``norm_first``: pre-LN layers (paper: post-LN, as BERT/ViLBERT); ``dim``: a composition width below
-    the text width (paper: null).
-    ``readout``: the parent concept at the CT's [CLS] (``cls``, paper) or the mean over its tokens (``mean``; see
-    :class:`CompositionTransformer`). ``placeholder_init``: each placeholder word piece its own random direction at
-    the vocabulary's mean norm (``distinct``) or ``transformers``' resize default, the mean of the vocabulary
-    (``mean``: every placeholder the same short vector, so [NP] and [S] start indistinguishable). The paper names
-    neither. ``film_identity_init``, ``modulator_skip``: see :class:`Modulator`. ``primitive_queries``: the
-    primitive encoder's queries, the word pieces' input embeddings (``embeddings``, paper: "the primitive word
-    embedding") or the Predicate Transformer's output over them (``encoder``, beyond the paper: a pretrained
-    sentence encoder places synonyms near each other, its input embeddings need not). ``child_skip`` (beyond the
-    paper): a parent concept is the CT's readout plus the mean of its modulated children, a residual path along
-    the tree; without it a leaf's content reaches the root only through every level's CT, diluted among each
-    template's tokens (a noun is one of ~7 tokens at each level). ``packed_tokens``: the Predicate Transformer's
-    token-wise steps on the real word pieces only (:func:`grounding.encoders.bert_hidden_states`; same values; a
-    batch's templates are about half padding on Flickr8k); ``auto`` packs unless lower-precision autocast is on.
-    ``score_head``: the alignment regressor, s(x, c) = θᵀv(x, c) (``linear``, the paper's §3.3) or
-    θᵀ(v(x, c) ⊙ g(x)) with g(x) = ReLU(W·mean of x's region tokens) (``image_gated``, beyond the paper): the image
-    side of ViLBERT's alignment head (Lu et al., 2019; the suite's ViLBERT-style scores θᵀ(pool_t ⊙ pool_v)), so a
-    concept's score is a product of text and image features from the first step, not only a function of v, whose
-    image dependence the attention layers must first learn (docs/composer.md: 16 images, 30 steps, train text→image
-    R@1 54.5 ± 10.1 against 31.9 ± 8.9 over seeds 0–7; trained on the world, level with ``linear`` over 4 seeds).
-    ``composition_scale`` (beyond the paper, with ``child_skip``; null: off): a learned scalar γ on the CT's readout,
-    initialised at this value (LayerScale, Touvron et al., 2021), so a parent starts as γ·CT + the mean of its
-    children and the children's content dominates the root at initialisation (16-image world: same-image gap +0.61σ at
-    0.3 against +0.34σ without; docs/composer.md).
-    ``region_source``: ``grid`` (the frozen ``backbone``'s
-    map, one region per cell; the offline default), ``files`` (detector features of ``region_dim``
+    ``text_encoder``: the Predicate Transformer's weights and the primitives' word pieces. ``sizes``: widths and
+    depths (:class:`ComposerSizes`); ``composition``: the paper's switches and the suite's others
+    (:class:`CompositionOptions`); a config writes each as a mapping (``composition: {child_skip: true}``).
+    ``packed_tokens``: the Predicate Transformer's token-wise steps on the real word pieces only
+    (:func:`grounding.encoders.bert_hidden_states`; same values; a batch's templates are about half padding on
+    Flickr8k); ``auto`` packs unless lower-precision autocast is on. ``region_source``: ``grid`` (the frozen
+    ``backbone``'s map, one region per cell; the offline default), ``files`` (detector features of ``region_dim``
     read by the DataModule) or ``boxes`` (RoI-aligned backbone features over given boxes).
     """
 
-    def __init__(self, text_encoder: str = "minilm", pt_layers: int = 6, region_source: str = "grid",
-                 backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
-                 image_size: int = 224, primitive_cross_attention: bool = True, modulator: str = "film",
-                 modulator_hidden: int | None = None, ct_layers: int = 5, heads: int = 12, co_dim: int = 1024,
-                 co_heads: int = 8, ffn_dim: int | None = None, dim: int | None = None, norm_first: bool = False,
-                 dropout: float = 0.1, readout: str = "cls", placeholder_init: str = "distinct",
-                 film_identity_init: bool = True, modulator_skip: bool = False, primitive_queries: str = "embeddings",
-                 child_skip: bool = False, packed_tokens: bool | Literal["auto"] = False, score_head: str = "linear",
-                 composition_scale: float | None = None):
+    def __init__(self, text_encoder: str = "minilm", region_source: str = "grid", backbone: str = "efficientnet_lite0",
+                 backbone_weights: str | None = "default", region_dim: int | None = None, image_size: int = 224,
+                 sizes: ComposerSizes = ComposerSizes(), composition: CompositionOptions = CompositionOptions(),
+                 packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
         self.packed_tokens = check_packed_tokens(packed_tokens)
         if region_source not in REGION_SOURCES:
             raise ValueError(f"region_source must be one of {REGION_SOURCES}; got {region_source!r}")
-        if primitive_queries not in PRIMITIVE_QUERIES:
-            raise ValueError(f"primitive_queries must be one of {PRIMITIVE_QUERIES}; got {primitive_queries!r}")
-        if score_head not in SCORE_HEADS:
-            raise ValueError(f"score_head must be one of {SCORE_HEADS}; got {score_head!r}")
-        self.primitive_queries = primitive_queries
-        self.child_skip = child_skip
-        if placeholder_init not in PLACEHOLDER_INITS:
-            raise ValueError(f"placeholder_init must be one of {PLACEHOLDER_INITS}; got {placeholder_init!r}")
+        c = composition
+        self.primitive_queries = c.primitive_queries
+        self.child_skip = c.child_skip
         self.region_source = region_source
         self.image_size = image_size
-        bert = load_text_encoder(text_encoder, num_hidden_layers=pt_layers)
+        z = sizes
+        bert = load_text_encoder(text_encoder, num_hidden_layers=z.pt_layers)
         bert.train()  # from_pretrained gives eval mode, which Lightning keeps: the PT's dropout would never act
         self.placeholder_base = bert.config.vocab_size
         bert.resize_token_embeddings(bert.config.vocab_size + len(PLACEHOLDER_TYPES))
-        if placeholder_init == "distinct":
+        if c.placeholder_init == "distinct":
             init_placeholders(bert.get_input_embeddings().weight, self.placeholder_base)
         self.predicate_transformer = bert
         width = bert.config.hidden_size
         # The paper composes at the text width (768); ``dim`` projects the PT's outputs and the word pieces to
         # a narrower composition width (a CPU-scale switch of the tiny configs).
-        dim = dim or width
+        dim = z.dim or width
         self.text_proj = nn.Identity() if dim == width else nn.Linear(width, dim)
-        ffn_dim = ffn_dim or (bert.config.intermediate_size if dim == width else 4 * dim)
+        ffn_dim = z.ffn_dim or (bert.config.intermediate_size if dim == width else 4 * dim)
         self.dim = dim
         self.backbone, region_dim = region_backbone(region_source, backbone, backbone_weights, region_dim)
-        self.regions = RegionEmbedding(region_dim, dim, dropout)
-        self.primitive_encoder = PrimitiveEncoder(dim, heads, ffn_dim, dropout, primitive_cross_attention, norm_first)
-        self.modulator = Modulator(dim, modulator_hidden or dim, modulator, film_identity_init, modulator_skip)
-        self.composition = CompositionTransformer(dim, heads, ffn_dim, ct_layers, co_dim, co_heads, dropout, norm_first,
-                                                  readout)
+        self.regions = RegionEmbedding(region_dim, dim, z.dropout)
+        self.primitive_encoder = PrimitiveEncoder(dim, z.heads, ffn_dim, z.dropout, c.primitive_cross_attention,
+                                                  z.norm_first)
+        self.modulator = Modulator(dim, z.modulator_hidden or dim, c.modulator, c.film_identity_init, c.modulator_skip)
+        self.composition = CompositionTransformer(dim, z.heads, ffn_dim, z.ct_layers, z.co_dim, z.co_heads, z.dropout,
+                                                  z.norm_first, c.readout)
         self.theta = nn.Linear(dim, 1)
-        self.image_gate = nn.Sequential(nn.Linear(dim, dim), nn.ReLU()) if score_head == "image_gated" else None
-        self.composition_gain = None if composition_scale is None else nn.Parameter(torch.tensor(float(composition_scale)))
+        self.image_gate = nn.Sequential(nn.Linear(dim, dim), nn.ReLU()) if c.score_head == "image_gated" else None
+        self.composition_gain = (None if c.composition_scale is None
+                                 else nn.Parameter(torch.tensor(float(c.composition_scale))))
 
     def pretrained_modules(self) -> list[nn.Module]:
         """The modules initialised from the pretrained text encoder (the rest is new: ``new_layer_lr_scale``)."""

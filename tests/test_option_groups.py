@@ -1,0 +1,90 @@
+"""A network's switches grouped into option dataclasses (``Composer(sizes=..., composition=...)``): recorded as plain
+mappings, rebuilt from either layout, and checkpoints written before the grouping (flat ``init_args``) still load,
+test and resume (grounding/nets.py, GroundingCLI._parse_ckpt_path)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+
+import pytest
+import torch
+import yaml
+
+from grounding.cli import main as cli_main
+from grounding.composer.model import Composer, ComposerSizes, CompositionOptions
+from grounding.nets import build_net, constructor_args, flat_args, net_spec, regrouped_spec
+from grounding.paths import EXPERIMENTS_DIR
+
+TINY = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None)
+
+
+def test_flat_arguments_move_into_their_groups():
+    args = constructor_args(Composer, {**TINY, "ct_layers": 1, "co_dim": 16, "child_skip": True, "readout": "mean"})
+    assert args["sizes"] == ComposerSizes(ct_layers=1, co_dim=16)
+    assert args["composition"] == CompositionOptions(child_skip=True, readout="mean")
+    assert "ct_layers" not in args and args["text_encoder"] == "tiny-random"
+    # a group given as a mapping becomes its dataclass; a flat argument beside it replaces the group's field
+    args = constructor_args(Composer, {"sizes": {"ct_layers": 3, "heads": 2}, "ct_layers": 1})
+    assert args == {"sizes": ComposerSizes(ct_layers=1, heads=2)}
+    assert constructor_args(Composer, TINY) == TINY  # no group named: the defaults stay the constructor's
+    assert flat_args(Composer, {"sizes": {"heads": 2}})["heads"] == 2
+    assert flat_args(Composer, {"sizes": {"heads": 2}})["co_dim"] == ComposerSizes().co_dim
+
+
+def test_a_wrong_switch_is_refused_when_the_group_is_built():
+    with pytest.raises(ValueError, match="readout must be one of"):
+        CompositionOptions(readout="max")
+
+
+def test_groups_are_recorded_as_plain_mappings_and_rebuild_from_either_layout():
+    torch.manual_seed(0)
+    net = Composer(**TINY, sizes=ComposerSizes(pt_layers=2, heads=2, co_dim=16, co_heads=2, ct_layers=1),
+                   composition=CompositionOptions(child_skip=True))
+    spec = net_spec(net)
+    assert spec["init_args"]["sizes"]["co_dim"] == 16 and spec["init_args"]["composition"]["child_skip"] is True
+    assert not any(dataclasses.is_dataclass(v) for v in spec["init_args"].values())
+    flat = {**spec, "init_args": flat_args(Composer, spec["init_args"])}  # as checkpoints before the grouping
+    assert "sizes" not in flat["init_args"] and flat["init_args"]["co_dim"] == 16
+    assert regrouped_spec(flat) == spec
+    for layout in (spec, flat):
+        rebuilt = build_net(layout)
+        assert rebuilt.init_args == net.init_args
+        assert rebuilt.load_state_dict(net.state_dict()) is not None  # same shapes, same names
+
+
+def test_a_checkpoint_with_flat_arguments_tests_as_it_was_trained(tiny_world, tmp_path, monkeypatch):
+    """A checkpoint written before the grouping (its network's arguments flat) tests through ``python -m grounding``
+    with the same numbers as the same weights recorded with groups."""
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    net = {**TINY, "sizes": {"pt_layers": 2, "heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32, "ct_layers": 1}}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": str(EXPERIMENTS_DIR / "composer" / "composer_world.yaml"),
+        "model": {"init_args": {"net": {"init_args": net}}},
+        "data": {"init_args": {"captions": {"class_path": "data_modules.FlickrDataModule",
+                                            "init_args": {"root": str(tiny_world / "flickr")}},
+                               "world_meta": str(tiny_world / "world.json"), "batch_size": 8}}}))
+    quiet = ["--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli_main(["fit", "--config", str(config), "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
+                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path / 'run'}", *quiet])
+    grouped = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(grouped, map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["net"]["init_args"]["sizes"]["co_dim"] == 16
+    spec = ckpt["hyper_parameters"]["net"]
+    ckpt["hyper_parameters"]["net"] = {**spec, "init_args": flat_args(Composer, spec["init_args"])}
+    flat = tmp_path / "flat.ckpt"
+    torch.save(ckpt, flat)
+    metrics = {}
+    for name, path in (("grouped", grouped), ("flat", flat)):
+        out = tmp_path / f"test_{name}"
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cli = cli_main(["test", "--config", str(config), "--ckpt_path", str(path),
+                            f"--trainer.default_root_dir={out}", "--trainer.limit_test_batches=1", *quiet])
+        assert cli.model.net.init_args == build_net(spec).init_args
+        metrics[name] = json.loads((out / "metrics.test.json").read_text())
+    assert metrics["flat"] == metrics["grouped"] and metrics["flat"]
