@@ -80,10 +80,14 @@ def constructor_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def flat_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
-    """Recorded ``init_args`` (grouped or flat) as one level: each group's fields beside the other arguments."""
-    args = {}
-    for name, value in constructor_args(cls, init_args).items():
-        args.update(dataclasses.asdict(value) if is_options(value) else {name: value})
+    """Recorded ``init_args`` (grouped or flat) as one level: the fields each group gives beside the other arguments
+    (a group given as a mapping adds only its own keys, no defaults)."""
+    groups, args = option_groups(cls), {}
+    for name, value in init_args.items():
+        if name in groups and value is not None:
+            args.update(dataclasses.asdict(value) if is_options(value) else dict(value))
+        else:
+            args[name] = value
     return args
 
 

@@ -30,8 +30,8 @@ def test_flat_arguments_move_into_their_groups():
     args = constructor_args(Composer, {"sizes": {"ct_layers": 3, "heads": 2}, "ct_layers": 1})
     assert args == {"sizes": ComposerSizes(ct_layers=1, heads=2)}
     assert constructor_args(Composer, TINY) == TINY  # no group named: the defaults stay the constructor's
-    assert flat_args(Composer, {"sizes": {"heads": 2}})["heads"] == 2
-    assert flat_args(Composer, {"sizes": {"heads": 2}})["co_dim"] == ComposerSizes().co_dim
+    assert flat_args(Composer, {"sizes": {"heads": 2}, "dim": 8}) == {"heads": 2, "dim": 8}
+    assert flat_args(Composer, {"sizes": ComposerSizes()})["co_dim"] == ComposerSizes().co_dim
 
 
 def test_a_wrong_switch_is_refused_when_the_group_is_built():
@@ -88,3 +88,27 @@ def test_a_checkpoint_with_flat_arguments_tests_as_it_was_trained(tiny_world, tm
         assert cli.model.net.init_args == build_net(spec).init_args
         metrics[name] = json.loads((out / "metrics.test.json").read_text())
     assert metrics["flat"] == metrics["grouped"] and metrics["flat"]
+
+
+def test_stage_3_reads_a_stage_2_checkpoint_of_either_layout(tmp_path):
+    """SearchHeads takes its frozen network's architecture from the stage-2 checkpoint: grouped (today) or flat
+    (before the grouping), the same network."""
+    from grounding.vgbert.finetune import RelationalFinetune
+    from grounding.vgbert.relational import RelationHeadOptions, VGBertRelational
+    from grounding.vgbert.search_heads import SearchHeads
+
+    torch.manual_seed(0)
+    net = VGBertRelational(2, 3, **TINY, visual_heads=2, image_size=64,
+                           relation=RelationHeadOptions(key_position="keys_values", relation_dim=8))
+    stage2 = RelationalFinetune(net, ["on", "near"], ["ball", "box", "car"], feature_cache=False)
+    hparams = dict(stage2.hparams)
+    flat = {**hparams, "net": {**hparams["net"], "init_args": flat_args(VGBertRelational, hparams["net"]["init_args"])}}
+    assert "relation" in hparams["net"]["init_args"] and "relation_dim" in flat["net"]["init_args"]
+    for name, hp in (("grouped", hparams), ("flat", flat)):
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({"state_dict": stage2.state_dict(), "hyper_parameters": hp}, path)
+        heads = SearchHeads(init_from=str(path), feature_cache=False)
+        heads.load_stage2(path)  # every weight found, every shape the same
+        grounding = heads.search.grounding
+        assert grounding.relational.attention.key_position == "keys_values"
+        assert grounding.init_args == net.init_args | {"backbone_weights": None}

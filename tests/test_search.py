@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from grounding.nets import constructor_args
 from grounding.vgbert.search_heads import SearchHead, multimodal_query, rank_images
 
 TINY_STAGE2 = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2,
@@ -88,7 +89,7 @@ def test_search_heads_from_stage2_checkpoint(tmp_path, location):
     from grounding.vgbert.search_heads import SearchHeads
 
     torch.manual_seed(0)
-    stage2 = RelationalFinetune(VGBertRelational(2, 3, **TINY_STAGE2, **location), ["on", "near"],
+    stage2 = RelationalFinetune(VGBertRelational(2, 3, **constructor_args(VGBertRelational, {**TINY_STAGE2, **location})), ["on", "near"],
                                 ["ball", "box", "car"], feature_cache=False)
     path = tmp_path / "stage2.ckpt"
     torch.save({"state_dict": stage2.state_dict(), "hyper_parameters": dict(stage2.hparams)}, path)

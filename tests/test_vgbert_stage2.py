@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from grounding.nets import constructor_args, flat_args, option_groups
 from grounding.vgbert.relational import (
     BilinearRelation,
     CrossModalAttention,
@@ -197,8 +198,9 @@ def _tiny_module(relation_labels=("on", "near"), object_classes=("a", "b", "c"),
 
     arch = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2, image_size=64)
     net_keys = set(inspect.signature(VGBertRelational.__init__).parameters)
+    net_keys |= {f.name for group in option_groups(VGBertRelational).values() for f in dataclasses.fields(group)}
     arch.update({k: kw.pop(k) for k in list(kw) if k in net_keys})
-    net = VGBertRelational(len(relation_labels), len(object_classes), **arch)
+    net = VGBertRelational(len(relation_labels), len(object_classes), **constructor_args(VGBertRelational, arch))
     return RelationalFinetune(net, list(relation_labels), list(object_classes), **{"feature_cache": False, **kw})
 
 
@@ -419,12 +421,15 @@ def test_spatial_centroid_learns_a_positional_relation():
 
 
 def test_spatial_switches_validated_and_paper_config_off():
-    import yaml
-
     with pytest.raises(ValueError, match="key_position"):
         CrossModalAttention(32, 4, key_position="values")
-    paper = yaml.safe_load(open(Path(__file__).resolve().parents[1] / "experiments/vgbert/stage2_paper.yaml"))["model"]["init_args"]
-    assert paper.get("key_position", "none") == "none" and not paper.get("spatial_centroid", False)
+    from grounding.cli import resolved_config
+    from grounding.paths import EXPERIMENTS_DIR
+
+    paper = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_paper.yaml")["model"]["init_args"]["net"]["init_args"]
+    assert paper["relation"]["key_position"] == "none" and paper["relation"]["spatial_centroid"] is False
+    tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml")["model"]["init_args"]["net"]["init_args"]
+    assert tiny["relation"]["key_position"] == "keys_values" and tiny["relation"]["spatial_centroid"] is True
 
 
 # ------------------------------------------------------------------------------ the official code's choices (issue 12, item 4)
@@ -510,12 +515,13 @@ def test_official_classifier_and_attention_projections():
 
 
 def test_stage2_counts_special_tokens_in_the_pooled_description():
-    from grounding.vgbert.relational import VGBertRelational
+    from grounding.vgbert.relational import RelationHeadOptions, VGBertRelational
 
     arch = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=2, image_size=64)
     ids = torch.tensor([[101, 2158, 102, 0]])
     mask = (ids != 0).long()
-    official = VGBertRelational(2, 3, **arch, count_special_tokens=True, query_pooling="mean")
+    mean = RelationHeadOptions(query_pooling="mean")
+    official = VGBertRelational(2, 3, **arch, count_special_tokens=True, relation=mean)
     assert official.encode_words(ids, mask)[1].tolist() == [[True, True, True, False]]
     assert VGBertRelational(2, 3, **arch).encode_words(ids, mask)[1].tolist() == [[False, True, False, False]]
 
@@ -523,9 +529,10 @@ def test_stage2_counts_special_tokens_in_the_pooled_description():
 def test_stage2_paper_config_follows_the_official_code_and_tiny_keeps_its_layout():
     from grounding.cli import resolved_config
     from grounding.paths import EXPERIMENTS_DIR
+    from grounding.vgbert.relational import VGBertRelational
 
     paper = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_paper.yaml")
-    net = paper["model"]["init_args"]["net"]["init_args"]
+    net = flat_args(VGBertRelational, paper["model"]["init_args"]["net"]["init_args"])
     official = dict(shared_object_transform=True, relation_dropout=0.1, classifier_hidden=256, classifier_dropout=0.1,
                     cross_attention_dropout=0.0, query_key_bias=False, count_special_tokens=True, query_pooling="mean",
                     visual_attention_dropout=0.0, visual_ffn_dropout=0.0, relation_dim=32, dropout=0.1)
@@ -534,6 +541,6 @@ def test_stage2_paper_config_follows_the_official_code_and_tiny_keeps_its_layout
     assert paper["model"]["init_args"]["init_from"].endswith("stage1_paper/checkpoints/best.ckpt")  # item 5
     assert paper["data"]["init_args"]["validation"] == "carve"  # item 9: not the official test-split selection
     tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml")
-    tnet = tiny["model"]["init_args"]["net"]["init_args"]
+    tnet = flat_args(VGBertRelational, tiny["model"]["init_args"]["net"]["init_args"])
     assert (tnet["shared_object_transform"], tnet["query_pooling"], tnet["relation_dropout"]) == (False, "tokens", 0.0)
     assert tiny["model"]["init_args"]["loss_normalisation"] == "triplet"

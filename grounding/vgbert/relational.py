@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -416,45 +417,85 @@ def relational_losses(relation_scores: torch.Tensor, object_logits: torch.Tensor
     return {"loss": loss, "loss_rel": loss_rel, "loss_obj": loss_obj, "loss_cls": loss_cls}
 
 
+@dataclass(frozen=True)
+class RelationHeadOptions:
+    """The relational head of :class:`VGBertRelational` (:class:`RelationalGrounding`). ``num_heads`` / ``relation_dim``:
+    the cross-modal attention's heads and the width d of the relation maps (paper 8, 32). ``query_pooling``: one query
+    per description token (``tokens``) or their mean (``mean``, official ``Bert_object`` + ``CrossAttention``).
+    ``classifier_hidden``: the object classifier's hidden width (official 256; null: linear). ``key_position`` /
+    ``spatial_centroid`` / ``spatial_scale`` (beyond the paper): a 2D sinusoidal location code on the attention's keys
+    (and values), each object's attention centroid fed to the relation maps, and its scale.
+    ``shared_object_transform``: one d = 32 map for subject and object (official). ``query_key_bias``: bias on the
+    cross-attention's query/key projections (official False)."""
+
+    num_heads: int = 8
+    relation_dim: int = 32
+    query_pooling: Literal["tokens", "mean"] = "tokens"
+    classifier_hidden: int | None = None
+    key_position: Literal["none", "keys", "keys_values"] = "none"
+    spatial_centroid: bool = False
+    spatial_scale: float = 1.0
+    shared_object_transform: bool = False
+    query_key_bias: bool = True
+
+    def __post_init__(self):
+        for name, allowed in (("query_pooling", QUERY_POOLING), ("key_position", KEY_POSITION)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class RelationalDropouts:
+    """Where :class:`VGBertRelational` drops out. ``dropout``: BERT's hidden states and the visual stream;
+    ``attention_dropout``: BERT's attention probabilities (null: ``dropout``); ``cross_attention_dropout``: the
+    cross-modal attention weights (null: ``attention_dropout``, else ``dropout``; official 0); ``relation_dropout``:
+    the normalised relation operators R_p; ``classifier_dropout``: inside the object classifier (official 0.1);
+    ``visual_attention_dropout`` / ``visual_ffn_dropout``: the visual self-attention's layout, as stage 1 (null:
+    ``dropout``; official 0)."""
+
+    dropout: float = 0.1
+    attention_dropout: float | None = None
+    cross_attention_dropout: float | None = None
+    relation_dropout: float = 0.0
+    classifier_dropout: float = 0.0
+    visual_attention_dropout: float | None = None
+    visual_ffn_dropout: float | None = None
+
+
 class VGBertRelational(RecordedNet):
     """The stage-2 model (Fig. 2): visual + language streams (stage-1 layout: ``visual.*``,
     ``language.*``; the stage-1 projection heads are gone) and :class:`RelationalGrounding`.
 
-    Switches where the official code (models/CrossModalityModels.py, FullModels.py) differs from the
-    defaults, which keep the recorded world runs: ``shared_object_transform`` (one d = 32 map),
-    ``relation_dropout`` (on the normalised R_p), ``classifier_hidden`` / ``classifier_dropout``
-    (768 -> 256, 0.1), ``cross_attention_dropout`` (on the cross-modal attention weights; None =
-    ``attention_dropout``, else ``dropout``; official 0), ``query_key_bias`` (official False),
-    ``count_special_tokens`` (a description's [CLS]/[SEP] count among its tokens, as the official
-    ``Bert_object`` mean), ``visual_attention_dropout`` / ``visual_ffn_dropout`` (the visual
-    self-attention's dropout layout, as stage 1; official 0). ``packed_tokens``: see :class:`LanguageStream`.
+    The defaults keep the recorded world runs; ``stage2_paper.yaml`` sets the official code's choices
+    (models/CrossModalityModels.py, FullModels.py). ``relation``: the relational head (:class:`RelationHeadOptions`);
+    ``dropouts``: where it drops out (:class:`RelationalDropouts`); a config writes each as a mapping.
+    ``count_special_tokens``: a description's [CLS]/[SEP] count among its tokens, as the official ``Bert_object``
+    mean. ``train_visual_attention``: false freezes the visual stream. ``packed_tokens``: see :class:`LanguageStream`.
     """
 
     def __init__(self, num_relations: int, num_object_classes: int, text_encoder: str = "minilm",
-                 backbone: str = "vgg16", backbone_weights: str | None = "default", trainable_layers: int = 2,
-                 freeze_query_key: bool = True, dropout: float = 0.1, visual_heads: int = 12, image_size: int = 224,
-                 num_heads: int = 8, relation_dim: int = 32, attention_dropout: float | None = None,
-                 query_pooling: str = "tokens", classifier_hidden: int | None = None,
-                 train_visual_attention: bool = True, key_position: str = "none", spatial_centroid: bool = False,
-                 spatial_scale: float = 1.0, shared_object_transform: bool = False, relation_dropout: float = 0.0,
-                 classifier_dropout: float = 0.0, cross_attention_dropout: float | None = None,
-                 query_key_bias: bool = True, count_special_tokens: bool = False,
-                 visual_attention_dropout: float | None = None, visual_ffn_dropout: float | None = None,
+                 backbone: str = "vgg16", backbone_weights: str | None = "default", image_size: int = 224,
+                 trainable_layers: int = 2, freeze_query_key: bool = True, visual_heads: int = 12,
+                 train_visual_attention: bool = True, count_special_tokens: bool = False,
+                 relation: RelationHeadOptions = RelationHeadOptions(), dropouts: RelationalDropouts = RelationalDropouts(),
                  packed_tokens: bool | Literal["auto"] = False):
         super().__init__()
-        self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=dropout,
-                                       attention_dropout=attention_dropout, packed_tokens=packed_tokens)
+        r, p = relation, dropouts
+        self.language = LanguageStream(text_encoder, trainable_layers, freeze_query_key, hidden_dropout=p.dropout,
+                                       attention_dropout=p.attention_dropout, packed_tokens=packed_tokens)
         d = self.language.width
-        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, dropout, image_size,
-                                   attention_dropout=visual_attention_dropout, ffn_dropout=visual_ffn_dropout)
+        self.visual = VisualStream(d, backbone, backbone_weights, visual_heads, p.dropout, image_size,
+                                   attention_dropout=p.visual_attention_dropout, ffn_dropout=p.visual_ffn_dropout)
         if not train_visual_attention:
             self.visual.requires_grad_(False)
+        cross_attention_dropout = p.cross_attention_dropout
         if cross_attention_dropout is None:
-            cross_attention_dropout = dropout if attention_dropout is None else attention_dropout
-        self.relational = RelationalGrounding(d, num_relations, num_object_classes, num_heads, relation_dim,
-                                              cross_attention_dropout, query_pooling, classifier_hidden, key_position,
-                                              spatial_centroid, spatial_scale, shared_object_transform,
-                                              relation_dropout, classifier_dropout, query_key_bias)
+            cross_attention_dropout = p.dropout if p.attention_dropout is None else p.attention_dropout
+        self.relational = RelationalGrounding(d, num_relations, num_object_classes, r.num_heads, r.relation_dim,
+                                              cross_attention_dropout, r.query_pooling, r.classifier_hidden,
+                                              r.key_position, r.spatial_centroid, r.spatial_scale,
+                                              r.shared_object_transform, p.relation_dropout, p.classifier_dropout,
+                                              r.query_key_bias)
         self.special_ids = special_token_ids(text_encoder, count_special_tokens)
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
@@ -480,6 +521,7 @@ class VGBertRelational(RecordedNet):
 
 
 __all__ = ["LOSS_NORMALISATION",
-           "VGBertRelational", "CrossModalAttention", "BilinearRelation", "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
+           "VGBertRelational", "RelationHeadOptions", "RelationalDropouts", "CrossModalAttention", "BilinearRelation",
+           "ObjectClassifier", "RelationalGrounding", "bilinear_scores",
            "relation_loss", "object_pair_loss", "pair_relation_mask", "relational_losses", "group_slots",
            "attention_centroid", "grid_coordinates", "sinusoidal_grid_encoding"]

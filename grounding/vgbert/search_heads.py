@@ -23,7 +23,7 @@ from grounding import distributed as gdist
 from grounding.checkpoints import CheckpointError, load_submodules, read_checkpoint
 from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.nets import net_hparams
+from grounding.nets import constructor_args, flat_args, net_hparams
 from grounding.precision import dot_similarity
 from grounding.retrieval_metrics import RetrievalScores, retrieval_metrics
 from grounding.retrieval_training import drop_sampler_repeats, flat_caption_order
@@ -118,7 +118,7 @@ class MultimodalSearch(nn.Module):
 
 def resolve_stage2(init_from: str | None, stage2: dict | None) -> dict:
     """The frozen model's architecture: from the stage-2 checkpoint, checked against ``stage2``."""
-    given = dict(stage2 or {})
+    given = flat_args(VGBertRelational, stage2 or {})  # a stage-2 net's option groups, written flat here
     if "relation_labels" in given and "object_classes" in given:
         return given  # already resolved (a search checkpoint's own hyperparameters)
     if init_from is None:
@@ -130,7 +130,8 @@ def resolve_stage2(init_from: str | None, stage2: dict | None) -> dict:
     if not hp.get("relation_labels") or not hp.get("object_classes"):
         raise CheckpointError(f"{init_from} has no relation_labels/object_classes hyperparameters: is it a "
                               "RelationalFinetune (stage-2) checkpoint?")
-    arch = {**net_hparams(hp), "relation_labels": hp["relation_labels"], "object_classes": hp["object_classes"]}
+    arch = {**flat_args(VGBertRelational, net_hparams(hp)), "relation_labels": hp["relation_labels"],
+            "object_classes": hp["object_classes"]}
     resolved = {k: arch[k] for k in STAGE2_ARCH_KEYS if k in arch}
     for k, v in given.items():
         if k in resolved and resolved[k] != v:
@@ -179,7 +180,8 @@ class SearchHeads(GroundingModule):
         rel, obj = s.pop("relation_labels"), s.pop("object_classes")
         if init_from:  # the stage-2 weights (CNN included) come from init_from: no ImageNet file is read
             s["backbone_weights"] = self.hparams["stage2"]["backbone_weights"] = None
-        self.search = MultimodalSearch(VGBertRelational(len(rel), len(obj), **s), head_hidden, head_dropout)
+        net = VGBertRelational(len(rel), len(obj), **constructor_args(VGBertRelational, s))
+        self.search = MultimodalSearch(net, head_hidden, head_dropout)
         self.feature_cache, self.feature_cache_dir = feature_cache, feature_cache_dir
         self._init_loaded = False
         self._eval: dict[str, list] = {}
