@@ -15,6 +15,7 @@ import logging
 import os
 from array import array
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
@@ -470,39 +471,64 @@ def _split_count(value: float | int, n: int, name: str) -> int:
     return count
 
 
+@dataclass(frozen=True)
+class VGSplit:
+    """How :class:`VisualGenomeDataModule` splits its images. ``split_file``: JSON ``{"train": [image ids], "val":
+    [...], "test": [...]}`` (default ``<root>/splits.json`` when present, as in the generated world), else a seeded
+    split with ``val_size`` / ``test_size`` (a float in (0, 1) is a fraction, otherwise a count; 0 means that split
+    reuses the other: VG-BERT has train/test only, ``val_size: 0, test_size: 5000``). ``validation``: ``carve``
+    (default): a split file without validation images of its own (none, or the test images again, as VG-BERT's
+    train/test split) gets ``val_size`` images carved from its training images (seeded; 0 = the test images);
+    ``test``: validate on the test images, as the official VG-BERT code selects its checkpoint (reported beside the
+    carved choice, docs/vgbert.md)."""
+
+    split_file: str | None = None
+    val_size: float | int = 0.05
+    test_size: float | int = 0.05
+    validation: Literal["carve", "test"] = "carve"
+
+    def __post_init__(self):
+        if self.validation not in VALIDATION:
+            raise ValueError(f"VisualGenomeDataModule: validation must be one of {VALIDATION}; got {self.validation!r}")
+
+
+@dataclass(frozen=True)
+class VGFilters:
+    """Which images, objects and triplets :class:`VisualGenomeDataModule` serves. ``min_triplets``: images with fewer
+    labelled triplets are dropped (VG-BERT: 5); ``max_objects`` per image (objects in triplets first);
+    ``max_attributes`` in an object description ("large black elephant"); ``drop_unmapped``: drop triplets with an
+    unmapped predicate, and unmapped objects that no kept triplet uses (the others are served with label -1);
+    ``min_object_count`` / ``min_relation_count``: without a ``label_mapping``, the synsets / predicates seen at
+    least this often in the training split are the labels."""
+
+    min_triplets: int = 1
+    max_objects: int | None = 50
+    max_attributes: int = 2
+    drop_unmapped: bool = True
+    min_object_count: int = 1
+    min_relation_count: int = 1
+
+
 class VisualGenomeDataModule(GroundingDataModule):
     """Visual Genome objects and triplets (batch layout: contract B / :class:`VisualGenomeCollate`).
 
-    Args beyond the shared ones: ``image_dir`` (default: VG_100K + VG_100K_2, else images/);
-    ``split_file`` (JSON ``{"train": [image ids], "val": [...], "test": [...]}``; default
-    ``<root>/splits.json`` when present, as in the generated world) or else a seeded split
-    with ``val_size`` / ``test_size`` (a float in (0, 1) is a fraction, otherwise a count; 0 means
-    that split reuses the other: VG-BERT has train/test only, ``val_size: 0, test_size: 5000``);
-    ``validation``: "carve" (default) — a split file without validation images of its own (none, or
-    the test images again, as VG-BERT's train/test split) gets ``val_size`` images carved from its
-    training images (seeded; 0 = the test images); "test" — validate on the test images, as the
-    official VG-BERT code selects its checkpoint (reported beside the carved choice, docs/vgbert.md);
-    ``exclude_eval_images`` (checkpoints or image lists, as the caption DataModules): their images leave val and
-    test, and are never carved for validation — a Visual Genome image is also the COCO / Flickr image its
-    image_data.json names, so ``[<stage-1 checkpoint>]`` keeps stage 2's evaluation off stage 1's COCO images;
-    ``label_mapping`` (a :class:`LabelMapping`, or the path of a ``python -m data_modules.vg_cleaning``
-    output file for VG-BERT's 55 classes / 114 relations; default built from the training split, keeping
-    synsets / predicates seen at least ``min_object_count`` / ``min_relation_count`` times);
-    ``min_triplets`` (images with fewer labelled triplets are dropped; VG-BERT: 5); ``max_objects``
-    per image (objects in triplets first); ``max_attributes`` in an object description
-    ("large black elephant"); ``drop_unmapped`` (drop triplets with an unmapped predicate, and
-    unmapped objects that no kept triplet uses; the others are served with label -1); ``cache``
-    (keep the parsed index of large JSON files under ``grounding.paths.cache_dir()/visual_genome``).
+    Args beyond the shared ones: ``image_dir`` (default: VG_100K + VG_100K_2, else images/); ``split`` (a
+    :class:`VGSplit`: split file, or seeded sizes, and where validation images come from); ``filters`` (a
+    :class:`VGFilters`: triplets per image, objects, attributes, unmapped labels); ``exclude_eval_images``
+    (checkpoints or image lists, as the caption DataModules): their images leave val and test, and are never carved
+    for validation — a Visual Genome image is also the COCO / Flickr image its image_data.json names, so
+    ``[<stage-1 checkpoint>]`` keeps stage 2's evaluation off stage 1's COCO images; ``label_mapping`` (a
+    :class:`LabelMapping`, or the path of a ``python -m data_modules.vg_cleaning`` output file for VG-BERT's 55
+    classes / 114 relations; default built from the training split, see :class:`VGFilters`); ``cache`` (keep the
+    parsed index of large JSON files under ``grounding.paths.cache_dir()/visual_genome``).
     """
 
     dataset_name = "Visual Genome"
 
     def __init__(self, root: str = "data/world/visual_genome", image_dir: str | None = None,
-                 split_file: str | None = None, val_size: float | int = 0.05, test_size: float | int = 0.05,
-                 validation: Literal["carve", "test"] = "carve", exclude_eval_images: list[str] | str | None = None,
-                 label_mapping: LabelMapping | str | None = None, min_triplets: int = 1, max_objects: int | None = 50,
-                 max_attributes: int = 2, drop_unmapped: bool = True, min_object_count: int = 1,
-                 min_relation_count: int = 1, cache: bool = True, text_encoder: str = "minilm", max_length: int = 32,
+                 split: VGSplit = VGSplit(), filters: VGFilters = VGFilters(),
+                 exclude_eval_images: list[str] | str | None = None, label_mapping: LabelMapping | str | None = None,
+                 cache: bool = True, text_encoder: str = "minilm", max_length: int = 32,
                  batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
                  image_size: int = 224, resize_size: int = 224,
                  mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
@@ -513,19 +539,17 @@ class VisualGenomeDataModule(GroundingDataModule):
             raise TypeError(f"label_mapping must implement data_modules.visual_genome.LabelMapping "
                             f"(object_classes, relation_labels, object_label, relation_label); got {label_mapping!r}")
         self.image_dir = image_dir
-        self.split_file = split_file
-        self.val_size, self.test_size = val_size, test_size
-        if validation not in VALIDATION:
-            raise ValueError(f"VisualGenomeDataModule: validation must be one of {VALIDATION}; got {validation!r}")
-        self.validation = validation
+        self.split_file = split.split_file
+        self.val_size, self.test_size = split.val_size, split.test_size
+        self.validation = split.validation
         self.set_excluded_eval_images(exclude_eval_images)
         self._excluded: np.ndarray | None = None
         self.label_mapping = label_mapping
-        self.min_triplets = min_triplets
-        self.max_objects = max_objects
-        self.max_attributes = max_attributes
-        self.drop_unmapped = drop_unmapped
-        self.min_object_count, self.min_relation_count = min_object_count, min_relation_count
+        self.min_triplets = filters.min_triplets
+        self.max_objects = filters.max_objects
+        self.max_attributes = filters.max_attributes
+        self.drop_unmapped = filters.drop_unmapped
+        self.min_object_count, self.min_relation_count = filters.min_object_count, filters.min_relation_count
         self.cache = cache
         self.index: VGIndex | None = None
 
@@ -583,7 +607,7 @@ class VisualGenomeDataModule(GroundingDataModule):
         data, path = None, None
         if split_file is not None:
             path = require_file(resolve(root, split_file), "Visual Genome", VG_LAYOUT,
-                                "set split_file to a JSON file {\"train\": [image ids], \"val\": [...], \"test\": [...]}")
+                                "set split.split_file to a JSON file {\"train\": [image ids], \"val\": [...], \"test\": [...]}")
             data = read_json(path, "Visual Genome split file", schema, "write the split file again")
             expect_keys(data, ["train", "val", "test"], "the top level", path, "Visual Genome split file", schema,
                         "write the split file again")

@@ -54,6 +54,7 @@ from grounding.run_folder import (
 from grounding.stage_config import (
     ConfigError,
     expand_config_bases,
+    nested_nulls_as_config,
 )
 from grounding.training_images import EVAL_SPLITS, check_evaluation, checkpoint_entries, init_checkpoints
 from grounding.utils.memory import fix_mmap_threshold
@@ -175,9 +176,9 @@ class GroundingCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         # A stage config's `base:` is loaded before it (see expand_config_bases).
         if args is None:
-            sys.argv[1:] = expand_config_bases(sys.argv[1:])
+            sys.argv[1:] = nested_nulls_as_config(expand_config_bases(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = expand_config_bases(list(args))
+            args = nested_nulls_as_config(expand_config_bases(list(args)))
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand:  # before LightningCLI reads the checkpoint's hyperparameters

@@ -37,6 +37,38 @@ def expand_config_bases(args: list[str]) -> list[str]:
     return out
 
 
+NULLS = ("null", "None", "~")
+
+
+def nested_nulls_as_config(args: list[str]) -> list[str]:
+    """``--<key> null`` for a key nested below a class's argument (``--model.init_args.net.init_args.relation.
+    classifier_hidden null``, an option group's field; ``--data.init_args.captions.init_args.karpathy_file null``)
+    becomes the same value as an inline ``--config`` at the same place: jsonargparse (4.53) reads such a flag's null
+    as the string "None". Other arguments are kept as they are."""
+    out, i = [], 0
+    while i < len(args):
+        arg, value, used = args[i], None, 1
+        if arg.startswith("--") and "=" in arg:
+            arg, value = arg.split("=", 1)
+        elif arg.startswith("--") and i + 1 < len(args):
+            value, used = args[i + 1], 2
+        key = arg[2:]
+        head, _, rest = key.partition(".init_args.")
+        if arg.startswith("--") and value in NULLS and head and "." in rest:
+            nested: dict = {}
+            node = nested
+            parts = key.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = None
+            out += ["--config", yaml.safe_dump(nested, default_flow_style=True).strip()]
+            i += used
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def config_options_first(argv: list[str]) -> list[str]:
     """``--config FILE`` options moved to the front: jsonargparse applies arguments in order, so options
     given on the command line then win over the file (the non-training commands' convention)."""

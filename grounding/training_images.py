@@ -48,8 +48,8 @@ MAX_DEPTH = 16  # a chain of checkpoints longer than this is a cycle
 EVAL_SPLITS = {"fit": ("val", "test"), "validate": ("val",), "test": ("test",)}
 FIX = ("evaluate on images that checkpoint did not train on: set data.init_args.exclude_eval_images: "
        "[<that checkpoint>] (COCO, Flickr, Visual Genome: its val/test images then leave out every image of its "
-       "record), or a split_file whose val/test avoid them; or pass --allow_eval_overlap true to evaluate on "
-       "them knowingly")
+       "record), or a split file whose val/test avoid them (Visual Genome: split.split_file); or pass "
+       "--allow_eval_overlap true to evaluate on them knowingly")
 
 
 class EvalOverlapError(UserInputError, ValueError):

@@ -23,8 +23,8 @@ WORLD_DATA = {
     "CocoCaptionsDataModule": {"root": "coco", "layout": "official", "karpathy_file": None, "exclude_eval_images": None},
     "FlickrDataModule": {"root": "flickr", "captions_file": None, "karpathy_file": None, "image_dir": None,
                          "exclude_eval_images": None},
-    "VisualGenomeDataModule": {"root": "visual_genome", "label_mapping": None, "split_file": None, "min_triplets": 1,
-                               "exclude_eval_images": None},
+    "VisualGenomeDataModule": {"root": "visual_genome", "label_mapping": None, "split.split_file": None,
+                               "filters.min_triplets": 1, "exclude_eval_images": None},
     "SimilarityListsDataModule": {"subtree_of": ["dog.n.01", "chair.n.01"]},
 }
 OFFLINE_MODEL = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None,
@@ -141,7 +141,7 @@ def offline_overrides(path, world, tmp_path):
     for key, value in WORLD_DATA.get(data_name, {}).items():
         if key == "root":
             value = str(world / value)
-        elif key not in data_args:
+        elif key.split(".")[0] not in data_args:  # (a group's field: its group)
             continue
         args.append(f"--data.init_args.{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
     if "text_encoder" in data_args:

@@ -21,6 +21,8 @@ from data_modules import (
 )
 from data_modules.captions import EpochSampler
 from data_modules.errors import iter_json_array
+from data_modules.visual_genome import VGFilters, VGSplit
+from grounding.nets import constructor_args
 
 TOK = "tiny-random"  # same WordPiece tokenizer as minilm, nothing to download
 SMALL = dict(text_encoder=TOK, image_size=32, resize_size=36, batch_size=3)
@@ -285,8 +287,8 @@ def test_coco_subsets(tmp_path):
 # --------------------------------------------------------------------------------------------
 def vg_module(root, **kw):
     args = dict(text_encoder=TOK, image_size=32, resize_size=32, batch_size=4, val_size=2, test_size=2, seed=0)
-    args.update(kw)
-    return VisualGenomeDataModule(root=str(root), **args)
+    args.update(kw)  # the split's and filters' fields flat here (grounding.nets.constructor_args groups them)
+    return VisualGenomeDataModule(root=str(root), **constructor_args(VisualGenomeDataModule, args))
 
 
 def test_visual_genome_batch_layout(tmp_path):
@@ -427,15 +429,16 @@ def test_visual_genome_with_the_vg_bert_cleaning(tiny_world, tmp_path):
     vg_root = tiny_world / "visual_genome"
     out = tmp_path / "clean.json"
     result = clean_visual_genome(vg_root, out, min_predicate_count=0, min_triplets=2, test_size=0.2, verbose=False)
-    args = dict(root=str(vg_root), label_mapping=str(out), split_file=str(split_file_for(out)), min_triplets=2,
-                text_encoder=TOK, image_size=32, resize_size=32, batch_size=4)
-    dm = VisualGenomeDataModule(validation="test", **args)  # the official model selection: val = test
+    args = dict(root=str(vg_root), label_mapping=str(out), filters=VGFilters(min_triplets=2), text_encoder=TOK,
+                image_size=32, resize_size=32, batch_size=4)
+    # the official model selection: val = test
+    dm = VisualGenomeDataModule(split=VGSplit(split_file=str(split_file_for(out)), validation="test"), **args)
     dm.setup()
     assert dm.relation_labels == result["relation_labels"] and len(dm.object_classes) == 55
     split = json.loads(split_file_for(out).read_text())
     for s in ("train", "val", "test"):
         assert dm.datasets[s].image_ids.tolist() == sorted(split[s])
-    carved = VisualGenomeDataModule(**args)  # default: validation images carved out of the training images
+    carved = VisualGenomeDataModule(split=VGSplit(split_file=str(split_file_for(out))), **args)  # default: carved
     carved.setup()
     train, val = carved.datasets["train"].image_ids.tolist(), carved.datasets["val"].image_ids.tolist()
     assert val and not set(val) & set(train) and sorted(train + val) == sorted(split["train"])
@@ -675,8 +678,8 @@ def test_classes_parse_from_config(tmp_path):
     parser = ArgumentParser()
     parser.add_subclass_arguments(LightningDataModule, "data")
     cfg = parser.parse_object({"data": {"class_path": "data_modules.VisualGenomeDataModule",
-                                        "init_args": {"root": str(tmp_path), "min_triplets": 5, "val_size": 0,
-                                                      "test_size": 0.25, "text_encoder": TOK,
+                                        "init_args": {"root": str(tmp_path), "filters": {"min_triplets": 5},
+                                                      "split": {"val_size": 0, "test_size": 0.25}, "text_encoder": TOK,
                                                       "mean": [0.5, 0.5, 0.5],
                                                       "label_mapping": {
                                                           "class_path": "data_modules.VocabularyLabelMapping",

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from grounding.nets import constructor_args
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.training_images import (
     RECORD_KEY,
@@ -40,7 +41,8 @@ def _coco(world, **kw):
 def _vg(world, **kw):
     from data_modules import VisualGenomeDataModule
 
-    return VisualGenomeDataModule(root=str(world / "visual_genome"), **{**DATA, **kw})
+    return VisualGenomeDataModule(root=str(world / "visual_genome"), **constructor_args(VisualGenomeDataModule,
+                                                                                        {**DATA, **kw}))
 
 
 def _fit(module, dm, root: Path) -> Path:
@@ -274,7 +276,7 @@ def test_cli_refuses_overlap_with_one_line_exit_2_before_any_model(chain, tmp_pa
     config = _stage2_config(tmp_path / "stage2.yaml", world, tmp_path / "run")
     argv = ["fit", "--config", str(config), "--model.init_args.init_from", str(chain["stage1"]),
             "--model.init_args.net.init_args.image_size", "64",
-            "--data.init_args.split_file", str(_overlapping_vg_split(world, tmp_path))]
+            "--data.init_args.split.split_file", str(_overlapping_vg_split(world, tmp_path))]
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built before the overlap was reported")

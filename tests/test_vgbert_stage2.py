@@ -539,7 +539,7 @@ def test_stage2_paper_config_follows_the_official_code_and_tiny_keeps_its_layout
     assert {k: net[k] for k in official} == official
     assert paper["model"]["init_args"]["loss_normalisation"] == "image"
     assert paper["model"]["init_args"]["init_from"].endswith("stage1_paper/checkpoints/best.ckpt")  # item 5
-    assert paper["data"]["init_args"]["validation"] == "carve"  # item 9: not the official test-split selection
+    assert paper["data"]["init_args"]["split"]["validation"] == "carve"  # item 9: not the official test-split selection
     tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml")
     tnet = flat_args(VGBertRelational, tiny["model"]["init_args"]["net"]["init_args"])
     assert (tnet["shared_object_transform"], tnet["query_pooling"], tnet["relation_dropout"]) == (False, "tokens", 0.0)
