@@ -131,7 +131,7 @@ def tiny_config(tmp_path, **net) -> str:
     cfg = {"model": {"class_path": "grounding.composer.training.ComposerTraining",
                      "init_args": {"net": regrouped_spec({"class_path": "grounding.composer.model.Composer",
                                                            "init_args": {**TINY, **net}})}},
-           "data": {"init_args": {"backend": "spacy"}}}
+           "data": {"init_args": {"parsing": {"backend": "spacy"}}}}
     path = tmp_path / "composer_tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)

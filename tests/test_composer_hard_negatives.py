@@ -14,7 +14,7 @@ from grounding.cli import main
 from grounding.composer import ConceptGraph, extract_crg, hard_negatives
 from grounding.composer.batch import TokenTables, composition_batch
 from grounding.composer.concept_graph import OK
-from grounding.composer.data import ComposerDataModule, SplitGraph, _TrainCollate, _TrainItems
+from grounding.composer.data import ComposerDataModule, CRGParsing, HardNegativePool, SplitGraph, _TrainCollate, _TrainItems
 from grounding.composer.hard_negatives import (
     backbone_embeddings,
     cached_pool,
@@ -137,7 +137,7 @@ def test_training_pool_from_an_embeddings_file(tmp_path):
     file.write_text("not an npz")
     with pytest.raises(MalformedDataError, match="names.*embeddings"):
         read_embeddings_file(file, ["0.jpg"])
-    with pytest.raises(ValueError, match="hard_negative_embeddings"):
+    with pytest.raises(ValueError, match="hard_negative_pool.embeddings"):
         training_pool(FakeImages(5), np.array([0, 1, 2]), 2, root=tmp_path / "cache")
 
 
@@ -218,8 +218,8 @@ def world_module(world, **kw) -> ComposerDataModule:
     from data_modules import FlickrDataModule
 
     captions = FlickrDataModule(root=str(world / "flickr"), karpathy_file=None, captions_file=None)
-    dm = ComposerDataModule(captions, backend="spacy", text_encoder="tiny-random", batch_size=8, image_size=32,
-                            resize_size=32, **kw)
+    dm = ComposerDataModule(captions, parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", batch_size=8,
+                            image_size=32, resize_size=32, **kw)
     dm.setup("fit")
     return dm
 
@@ -230,8 +230,8 @@ def test_world_train_loader_hard_captions_are_neighbours(tiny_world, tmp_path, m
     probe = world_module(tiny_world)
     names = [p.name for p in probe.train_dataset.image_paths]
     np.savez(tmp_path / "emb.npz", names=np.array(names), embeddings=rng.normal(size=(len(names), 8)))
-    dm = world_module(tiny_world, hard_negatives="pool", hard_negative_pool_size=3,
-                      hard_negative_embeddings=str(tmp_path / "emb.npz"))
+    dm = world_module(tiny_world, hard_negatives="pool",
+                      hard_negative_pool=HardNegativePool(pool_size=3, embeddings=str(tmp_path / "emb.npz")))
     graph = dm.graphs["train"].graph
 
     def epoch(e):
@@ -275,7 +275,7 @@ def test_world_config_fast_dev_run_with_the_pool(tiny_world, tmp_path, monkeypat
     monkeypatch.setattr(hard_negatives, "backbone_embeddings", spy)
     path = EXPERIMENTS_DIR / "composer" / "composer_world.yaml"
     main(["fit", "--config", str(path), *offline_overrides(path, tiny_world, tmp_path),
-          "--model.init_args.hard_negatives", "pool", "--data.init_args.hard_negative_pool_size", "5"])
+          "--model.init_args.hard_negatives", "pool", "--data.init_args.hard_negative_pool.pool_size", "5"])
     pools = list((tmp_path / "cache" / "composer" / "hard_negatives").glob("*.npz"))
     assert len(pools) == 1
     with np.load(pools[0]) as z:

@@ -129,10 +129,12 @@ def offline_overrides(path, world, tmp_path):
         net_class = str((model_args.get("net") or {}).get("class_path", ""))
         widths = COMPOSER_OFFLINE if net_class.endswith(".Composer") else VILBERT_OFFLINE if net_class.endswith(".ViLBERT") else {}
         args += [f"--model.init_args.net.init_args.{k}={v}" for k, v in widths.items()]  # VSE has no attention widths
-        if data_args.get("region_boxes"):  # object boxes: the world's Visual Genome layout
-            args.append(f"--data.init_args.region_boxes={world / 'visual_genome' / 'objects.json'}")
-        if data_args.get("region_files"):  # detector regions as the paper's files: random ones for every image
-            args.append(f"--data.init_args.region_files={world_region_files(world, tmp_path / 'regions', net_args['region_dim'])}")
+        regions = data_args.get("region_inputs") or {}
+        if regions.get("region_boxes"):  # object boxes: the world's Visual Genome layout
+            args.append(f"--data.init_args.region_inputs.region_boxes={world / 'visual_genome' / 'objects.json'}")
+        if regions.get("region_files"):  # detector regions as the paper's files: random ones for every image
+            files = world_region_files(world, tmp_path / "regions", net_args["region_dim"])
+            args.append(f"--data.init_args.region_inputs.region_files={files}")
     if data_name == "ImageFolderDataModule":  # VG-BERT stage 0: the world's object boxes as class folders
         from data_modules.object_crops import crop_objects
 

@@ -111,7 +111,7 @@ def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, m
     encoder's caption DataModule and COMPOSER's DataModule (VSE, ViLBERT-style, COMPOSER) reading the same photos at
     the same size share every split's cache folder; another resize is another folder."""
     from data_modules import FlickrDataModule
-    from grounding.composer.data import ComposerDataModule
+    from grounding.composer.data import ComposerDataModule, CRGParsing
     from grounding.encoders import load_visual_backbone
     from grounding.feature_cache import cache_key
 
@@ -124,7 +124,7 @@ def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, m
 
     dual = reader()
     dual.setup()
-    composer = ComposerDataModule(reader(), backend="spacy", text_encoder="tiny-random", image_size=32, resize_size=32)
+    composer = ComposerDataModule(reader(), parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", image_size=32, resize_size=32)
     composer.setup()
     other = reader(resize_size=40)
     other.setup()

@@ -125,8 +125,9 @@ def test_box_regions_average_the_cells_under_each_box():
 
 
 @pytest.mark.parametrize("source,files,boxes,message", [
-    ("boxes", None, None, "region_source is 'boxes' but the DataModule's regions are 'grid': set data.init_args.region_boxes"),
-    ("grid", None, "objects.json", "regions are 'boxes': unset data.init_args.region_files and region_boxes"),
+    ("boxes", None, None, "region_source is 'boxes' but the DataModule's regions are 'grid': set "
+                                    "data.init_args.region_inputs.region_boxes"),
+    ("grid", None, "objects.json", "regions are 'boxes': unset data.init_args.region_inputs.region_files and region_boxes"),
     ("grid", "regions/", None, "regions are 'files'"),
 ])
 def test_network_and_data_must_agree_on_the_region_source(source, files, boxes, message):

@@ -243,7 +243,7 @@ def config_cost(config: str, caption: str = APP_A_CAPTION, n_regions: int | None
     if len(tokenizer) != net.placeholder_base:
         raise ValueError(f"{config}: the tokenizer has {len(tokenizer)} word pieces but the text encoder "
                          f"{net.placeholder_base}")
-    backend = backend or data.get("backend") or DEFAULT_BACKEND
+    backend = backend or (data.get("parsing") or {}).get("backend") or DEFAULT_BACKEND
     batch, graph = caption_batch(caption, tokenizer, backend)
     inputs, n = region_inputs(net, n_regions)
     return composer_cost(net, batch, inputs, n, caption, {"backend": backend, **crg_summary(graph, batch)}, notes)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -175,29 +176,60 @@ def held_out_pair_mask(captions: list[str], world_meta: str | Path) -> np.ndarra
     return out
 
 
+@dataclass(frozen=True)
+class CRGParsing:
+    """How :class:`ComposerDataModule` builds its Concept & Relation Graphs. ``backend`` / ``parse_workers``: the
+    constituency parser (``python -m grounding.composer check-parser``) and its processes. ``degrade``: Table 7's parse
+    degradation, applied to every split's trees (seeded by the DataModule's ``seed``)."""
+
+    backend: str = DEFAULT_BACKEND
+    parse_workers: int = 1
+    degrade: float = 0.0
+
+
+@dataclass(frozen=True)
+class RegionInputs:
+    """Where :class:`ComposerDataModule`'s batches get their regions (without either file, batches carry images).
+    ``region_files``: a folder of per-image ``.npz`` or a bottom-up-attention ``.tsv`` of detector regions (the
+    network's ``region_source: files``; see :mod:`data_modules.regions`). ``region_boxes``: Visual Genome's
+    ``objects.json`` (image sizes from ``image_data.json`` beside it): batches carry images and up to ``max_boxes``
+    object boxes each (the network's ``region_source: boxes``)."""
+
+    region_files: str | None = None
+    region_boxes: str | None = None
+    max_boxes: int = 100
+
+
+@dataclass(frozen=True)
+class HardNegativePool:
+    """The pool of ``hard_negatives: pool``: each positive image's ``pool_size`` nearest training images (paper 100),
+    by the cosine of ``embeddings`` (an .npz of ``names`` and ``embeddings``, e.g. ``python -m grounding.semclip
+    hard-negative-embeddings``) or else of the mean detector region (``region_files``) or the mean-pooled frozen CNN
+    map (see :mod:`grounding.composer.hard_negatives`)."""
+
+    pool_size: int = 100
+    embeddings: str | None = None
+
+    def __post_init__(self):
+        if self.pool_size < 1:
+            raise ValueError(f"hard_negative_pool.pool_size must be at least 1; got {self.pool_size}")
+
+
 class ComposerDataModule(GroundingDataModule):
     """Caption splits with their Concept & Relation Graphs, batched for COMPOSER.
 
-    ``backend``/``parse_workers``: the constituency parser (``python -m grounding.composer check-parser``).
-    ``degrade``: Table 7's parse degradation, applied to every split's trees (seeded by ``seed``).
-    ``world_meta``: the embedded world's ``world.json``; its held-out attribute–object pairs mark the
-    compositional test captions. ``phrase_seed``: draws Table 5's phrase queries (null: none). ``region_files``: a
-    folder of per-image ``.npz`` or a bottom-up-attention ``.tsv`` of detector regions (the network's
-    ``region_source: files``; see :mod:`data_modules.regions`); without it batches carry images.
-    ``captions_per_epoch``: ``all`` (every decomposed caption once an epoch, as the paper trains) or ``one`` (one
-    seeded caption per image an epoch: 5x fewer steps).
-    ``region_boxes``: Visual Genome's ``objects.json`` (image sizes from ``image_data.json`` beside it): batches
-    carry images and up to ``max_boxes`` object boxes each (the network's ``region_source: boxes``).
-    ``hard_negatives`` (linked from the model's): ``pool`` adds to every training batch a caption of one of
-    each positive image's ``hard_negative_pool_size`` nearest training images (paper 100), by the cosine of
-    ``hard_negative_embeddings`` (an .npz of ``names`` and ``embeddings``) or else of the mean detector
-    region (``region_files``) or the mean-pooled frozen CNN map (see :mod:`grounding.composer.hard_negatives`).
+    ``parsing``: the parser and Table 7's degradation (:class:`CRGParsing`). ``world_meta``: the embedded world's
+    ``world.json``; its held-out attribute–object pairs mark the compositional test captions. ``phrase_seed``: draws
+    Table 5's phrase queries (null: none). ``region_inputs``: detector region files or object boxes
+    (:class:`RegionInputs`). ``captions_per_epoch``: ``all`` (every decomposed caption once an epoch, as the paper
+    trains) or ``one`` (one seeded caption per image an epoch: 5x fewer steps). ``hard_negatives`` (linked from the
+    model's): ``pool`` adds to every training batch a caption of one of each positive image's nearest training images
+    (:class:`HardNegativePool`).
     """
 
-    def __init__(self, captions: CaptionDataModule, backend: str = DEFAULT_BACKEND, parse_workers: int = 1,
-                 degrade: float = 0.0, world_meta: str | None = None, phrase_seed: int | None = 0, region_files: str | None = None,
-                 region_boxes: str | None = None, max_boxes: int = 100, hard_negatives: str = "batch",
-                 hard_negative_pool_size: int = 100, hard_negative_embeddings: str | None = None,
+    def __init__(self, captions: CaptionDataModule, parsing: CRGParsing = CRGParsing(), world_meta: str | None = None,
+                 phrase_seed: int | None = 0, region_inputs: RegionInputs = RegionInputs(),
+                 hard_negatives: str = "batch", hard_negative_pool: HardNegativePool = HardNegativePool(),
                  captions_per_epoch: str = "all", text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
                  eval_batch_size: int | None = None, caption_batch_size: int = 64, num_workers: int = 0,
                  image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
@@ -206,17 +238,15 @@ class ComposerDataModule(GroundingDataModule):
         super().__init__(captions.root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
                          resize_size, mean, std, seed, pin_memory, drop_last)
         self.captions = captions
-        self.backend, self.parse_workers, self.degrade = backend, parse_workers, degrade
+        self.backend, self.parse_workers, self.degrade = parsing.backend, parsing.parse_workers, parsing.degrade
         self.world_meta, self.phrase_seed = world_meta, phrase_seed
         self.caption_batch_size = caption_batch_size
-        self.region_files = region_files
-        self.region_boxes, self.max_boxes = region_boxes, max_boxes
+        self.region_files = region_inputs.region_files
+        self.region_boxes, self.max_boxes = region_inputs.region_boxes, region_inputs.max_boxes
         if hard_negatives not in HARD_NEGATIVE_MODES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
-        if hard_negative_pool_size < 1:
-            raise ValueError(f"hard_negative_pool_size must be at least 1; got {hard_negative_pool_size}")
-        self.hard_negatives, self.hard_negative_pool_size = hard_negatives, hard_negative_pool_size
-        self.hard_negative_embeddings = hard_negative_embeddings
+        self.hard_negatives, self.hard_negative_pool_size = hard_negatives, hard_negative_pool.pool_size
+        self.hard_negative_embeddings = hard_negative_pool.embeddings
         if captions_per_epoch not in CAPTIONS_PER_EPOCH:
             raise ValueError(f"captions_per_epoch must be one of {CAPTIONS_PER_EPOCH}; got {captions_per_epoch!r}")
         self.captions_per_epoch = captions_per_epoch

@@ -27,7 +27,7 @@ from data_modules.synthetic import generate_world
 from grounding.lightning import scale_group_lrs
 from grounding.retrieval_metrics import retrieval_metrics
 
-from .data import ComposerDataModule, collate_visual
+from .data import ComposerDataModule, CRGParsing, collate_visual
 from .model import Composer, ComposerSizes, CompositionOptions
 
 # composer_world.yaml's network with dropout off (the fit is measured without it), its switches that make content reach
@@ -47,7 +47,7 @@ def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: in
     generate_world(out, n_images=total, seed=seed, image_size=image_size,
                    split_fractions=(n_images / total, 2 / total, 2 / total))
     captions = FlickrDataModule(root=str(Path(out) / "flickr"))
-    dm = ComposerDataModule(captions, backend="spacy", batch_size=batch_size, eval_batch_size=n_images,
+    dm = ComposerDataModule(captions, parsing=CRGParsing(backend="spacy"), batch_size=batch_size, eval_batch_size=n_images,
                             caption_batch_size=n_images * 5, image_size=image_size, resize_size=image_size,
                             text_encoder=text_encoder, seed=seed, hard_negatives=hard_negatives,
                             captions_per_epoch=captions_per_epoch)

@@ -1,14 +1,14 @@
 """COMPOSER's hard-negative pool for ℓ_match (§3.3): D_i⁻ "using the strategy of Lu et al. (2019)", i.e.
 ViLBERT's retrieval fine-tuning, whose hard negative of a positive (x, y) is (x, a caption of one of x's
 100 nearest training images). The pool holds, for every training image, its P nearest other training
-images (P = ``hard_negative_pool_size``, paper 100) by the cosine of an image embedding.
+images (P = ``hard_negative_pool.pool_size``, paper 100) by the cosine of an image embedding.
 
 Embedding sources (the paper names none; ViLBERT's comes from its own retrieval model):
 
 * ``cnn`` (default): the frozen CNN backbone's feature map mean-pooled over the grid, read from the
   feature cache when it holds the maps, else one pass of the backbone over the training images;
 * ``regions``: the mean of the image's detector region features (``region_files``);
-* ``file``: ``hard_negative_embeddings: FILE.npz`` written by any retrieval model, with ``names`` (the
+* ``file``: ``hard_negative_pool: {embeddings: FILE.npz}`` written by any retrieval model, with ``names`` (the
   image file names, N strings; directories are ignored) and ``embeddings`` (N×d floats, any d, any
   norm). ``python -m grounding.semclip hard-negative-embeddings`` writes one from a suite checkpoint
   (or any VLM spec SemCLIP reads).
@@ -144,21 +144,21 @@ def read_embeddings_file(path: str | os.PathLike, names: Sequence[str]) -> torch
     path = resolve_path(path)
     fix = f"write {EMBEDDINGS_FORMAT} (python -m grounding.semclip hard-negative-embeddings)"
     if not path.is_file():
-        raise MissingDataError(f"hard_negative_embeddings {path} does not exist; {fix}.")
+        raise MissingDataError(f"hard_negative_pool.embeddings {path} does not exist; {fix}.")
     try:
         with np.load(path, allow_pickle=False) as z:
             stored, embeddings = [Path(str(s)).name for s in z["names"]], np.asarray(z["embeddings"], dtype=np.float32)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise MalformedDataError(f"hard_negative_embeddings {path} is not {EMBEDDINGS_FORMAT} ({e}); {fix}.") from e
+        raise MalformedDataError(f"hard_negative_pool.embeddings {path} is not {EMBEDDINGS_FORMAT} ({e}); {fix}.") from e
     if embeddings.ndim != 2 or len(embeddings) != len(stored):
-        raise MalformedDataError(f"hard_negative_embeddings {path}: embeddings {embeddings.shape} for {len(stored)} names, "
+        raise MalformedDataError(f"hard_negative_pool.embeddings {path}: embeddings {embeddings.shape} for {len(stored)} names, "
                                  f"expected (N, d) with one row a name; {fix}.")
     row = {name: i for i, name in enumerate(stored)}
     if len(row) != len(stored):
-        raise MalformedDataError(f"hard_negative_embeddings {path} names an image twice; {fix}.")
+        raise MalformedDataError(f"hard_negative_pool.embeddings {path} names an image twice; {fix}.")
     missing = [n for n in names if n not in row]
     if missing:
-        raise MalformedDataError(f"hard_negative_embeddings {path} lacks {len(missing)} of the {len(names)} training "
+        raise MalformedDataError(f"hard_negative_pool.embeddings {path} lacks {len(missing)} of the {len(names)} training "
                                  f"images (e.g. {missing[0]}); embed every training image.")
     return torch.from_numpy(embeddings[[row[n] for n in names]])
 
@@ -241,7 +241,7 @@ def training_pool(dataset, images: np.ndarray, size: int, embeddings_file: str |
             return backbone_embeddings(backbone, dataset, images, batch_size, num_workers)
     else:
         raise ValueError("hard_negatives: pool embeds the training images with the model's frozen CNN, which this "
-                         "DataModule cannot reach outside a Trainer; give hard_negative_embeddings (an .npz) instead")
+                         "DataModule cannot reach outside a Trainer; give hard_negative_pool.embeddings (an .npz) instead")
     local = cached_pool(pool_key(source, names, size), len(images), size, embed, root, build, device=device)
     pool = np.full((len(dataset.image_paths), local.shape[1]), -1, dtype=np.int64)
     pool[images] = images[local]

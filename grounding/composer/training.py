@@ -3,7 +3,7 @@
 
 Negatives of each positive (x_i, y_i), as in ViLBERT's retrieval fine-tuning: (x_i, a random other
 caption), (a random other image, y_i), and (x_i, a hard caption): ``hard_negatives: pool`` (the paper's)
-a caption of one of x_i's ``hard_negative_pool_size`` (100) nearest training images, which the
+a caption of one of x_i's ``hard_negative_pool.pool_size`` (100) nearest training images, which the
 DataModule adds to the batch (:mod:`grounding.composer.hard_negatives`); ``batch`` the caption of the
 batch image most similar to x_i by mean region feature (an in-batch approximation); ``random`` another
 random batch caption.
@@ -72,9 +72,9 @@ class RegionRetrievalModule(GroundingModule):
         if dm is not None and hasattr(dm, "region_boxes"):
             gives = "files" if dm.region_files else "boxes" if dm.region_boxes else "grid"
             if gives != self.net.region_source:
-                fix = {"files": "set data.init_args.region_files (detector features)",
-                       "boxes": "set data.init_args.region_boxes (a Visual Genome objects.json)",
-                       "grid": "unset data.init_args.region_files and region_boxes"}[self.net.region_source]
+                fix = {"files": "set data.init_args.region_inputs.region_files (detector features)",
+                       "boxes": "set data.init_args.region_inputs.region_boxes (a Visual Genome objects.json)",
+                       "grid": "unset data.init_args.region_inputs.region_files and region_boxes"}[self.net.region_source]
                 raise ValueError(f"the network's region_source is {self.net.region_source!r} but the DataModule's "
                                  f"regions are {gives!r}: {fix}")
 

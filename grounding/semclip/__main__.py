@@ -197,7 +197,7 @@ def _summarize(args):
 
 
 def _hard_negative_embeddings(args):
-    """Any VLM's image embeddings as COMPOSER's hard-negative pool source (data.init_args.hard_negative_embeddings
+    """Any VLM's image embeddings as COMPOSER's hard-negative pool source (data.init_args.hard_negative_pool.embeddings
     of grounding.composer.data.ComposerDataModule): an .npz of ``names`` (file names) and ``embeddings`` (N×d)."""
     images = [p for folder in args.images for p in list_images(folder)]
     embeddings = load_vlm(args.vlm, device=args.device).encode_image(images).float().numpy()
@@ -295,7 +295,7 @@ def build_parser() -> ArgumentParser:
     m.add_argument("--out", type=str, required=True, help="the folder of summary.md / summary.csv")
     m.add_argument("--title", type=str, default="")
     h = _subcommand(sub, "hard-negative-embeddings", "embed image folders with a VLM for COMPOSER's hard-negative pool "
-                                                     "(data.init_args.hard_negative_embeddings)")
+                                                     "(data.init_args.hard_negative_pool.embeddings)")
     h.add_argument("--vlm", type=str, required=True, help="suite:<ckpt> | hf-clip:<dir> | open-clip:<arch>:<weights>")
     h.add_argument("--images", type=str, nargs="+", required=True, help="folders holding every training image")
     h.add_argument("--out", type=str, required=True, help="the .npz to write (names, embeddings)")
