@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -41,7 +42,7 @@ import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
-from grounding.nets import class_of, regrouped_spec
+from grounding.nets import class_of, moved_options, regrouped_spec
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.run_folder import (
     RunLock,
@@ -125,6 +126,33 @@ class RunConfigCallback(SaveConfigCallback):
 
 # each evaluation subcommand's LightningModule hook
 EVALUATION_STEPS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
+# the classes whose arguments moved into option groups (grounding/nets.py): a config or flag with an old name gets a hint
+GROUPED_CLASSES = ("grounding.composer.model.Composer", "grounding.vgbert.relational.VGBertRelational",
+                   "data_modules.visual_genome.VisualGenomeDataModule", "grounding.composer.data.ComposerDataModule")
+MOVED_HINT = "Fix: these options moved into option groups"
+
+
+def moved_option_hint(message: str) -> str:
+    """A ``Fix:`` line for a parse error that names an option which moved into an option group, else ''."""
+    names = set(re.findall(r"Option '(\w+)' is not accepted", message))
+    names |= set(re.findall(r"NestedArg\(key='(?:[\w.]*\.)?(\w+)'", message))
+    hints = []
+    for path in GROUPED_CLASSES:
+        cls = class_of(path)
+        moved = moved_options(cls) if cls is not None else {}
+        hints += [f"{name} -> {moved[name]} ({cls.__name__})" for name in sorted(names) if name in moved]
+    if not hints:
+        return ""
+    return f"\n{MOVED_HINT} (docs/configs.md, \"Option groups\"): " + "; ".join(hints)
+
+
+class GroundingArgumentParser(LightningArgumentParser):
+    def error(self, message: str, ex: Exception | None = None):
+        # a subcommand's parser adds the hint too, and its message is nested in this one's: one hint, at the end
+        message = re.sub(rf"\n[ \t]*{MOVED_HINT}[^\n]*", "", message)
+        super().error(message + moved_option_hint(message), ex)
 
 
 class GroundingCLI(LightningCLI):
@@ -479,6 +507,7 @@ def main(args=None, run: bool = True) -> GroundingCLI:
                        **{cmd: {"default_config_files": defaults, "allow_abbrev": False} for cmd in SUBCOMMANDS}},
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},
+        parser_class=GroundingArgumentParser,
         args=args,
         run=run,
     )

@@ -91,6 +91,15 @@ def flat_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
     return args
 
 
+def moved_options(cls: type) -> dict[str, str]:
+    """``cls``'s former flat argument names and where each is now (``ct_layers`` -> ``sizes.ct_layers``): every
+    option group's fields, and the class's own ``renamed_options`` (a field that changed its name as it moved)."""
+    own = set(inspect.signature(cls.__init__).parameters)
+    moved = {f.name: f"{group}.{f.name}" for group, options in option_groups(cls).items()
+             for f in dataclasses.fields(options) if f.name not in own}
+    return {**moved, **dict(getattr(cls, "renamed_options", {}))}
+
+
 def regrouped_spec(spec):
     """A recorded network spec with its ``init_args`` in its class's option groups (plain mappings); anything else,
     or a class that does not import, is returned as it is."""

@@ -128,3 +128,22 @@ def test_a_nested_null_on_the_command_line_is_null():
         cli = cli_main(["--config", str(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml"), key, "null",
                         "--data.init_args.split.split_file=null", "--trainer.logger=false"], run=False)
     assert cli.model.model.init_args["relation"]["classifier_hidden"] is None and cli.datamodule.split_file is None
+
+
+@pytest.mark.parametrize("where, flat", [
+    ("model", {"net": {"init_args": {"ct_layers": 3}}}),
+    ("data", {"hard_negative_pool_size": 5}),
+])
+def test_a_config_with_a_moved_option_says_where_it_went(tmp_path, where, flat):
+    config = tmp_path / "old.yaml"
+    config.write_text(yaml.safe_dump({"base": str(EXPERIMENTS_DIR / "composer" / "composer_world.yaml"),
+                                      where: {"init_args": flat}}))
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as e:
+        cli_main(["fit", "--config", str(config), "--trainer.fast_dev_run=true"])
+    assert e.value.code == 2
+    last = stderr.getvalue().strip().splitlines()[-1]
+    expected = "ct_layers -> sizes.ct_layers (Composer)" if where == "model" else \
+        "hard_negative_pool_size -> hard_negative_pool.pool_size (ComposerDataModule)"
+    assert last.startswith("Fix: these options moved into option groups") and expected in last, last
+    assert stderr.getvalue().count("Fix: these options moved") == 1

@@ -227,6 +227,10 @@ class ComposerDataModule(GroundingDataModule):
     (:class:`HardNegativePool`).
     """
 
+    # the two pool options that changed their names as they moved into ``hard_negative_pool``
+    renamed_options = {"hard_negative_pool_size": "hard_negative_pool.pool_size",
+                       "hard_negative_embeddings": "hard_negative_pool.embeddings"}
+
     def __init__(self, captions: CaptionDataModule, parsing: CRGParsing = CRGParsing(), world_meta: str | None = None,
                  phrase_seed: int | None = 0, region_inputs: RegionInputs = RegionInputs(),
                  hard_negatives: str = "batch", hard_negative_pool: HardNegativePool = HardNegativePool(),
