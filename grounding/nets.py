@@ -59,21 +59,30 @@ def is_options(value) -> bool:
 
 def option_groups(cls: type) -> dict[str, type]:
     """The constructor parameters of ``cls`` typed as an option dataclass, by name."""
-    hints = typing.get_type_hints(cls.__init__)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # a library class whose annotations do not resolve here has no option groups of ours
+        return {}
     return {name: hint for name, hint in hints.items() if isinstance(hint, type) and dataclasses.is_dataclass(hint)}
 
 
 def constructor_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
     """``cls``'s keyword arguments from recorded ``init_args``: each option group given as a mapping becomes its
     dataclass, and a flat argument that is a field of a group moves into it, replacing the group's value (a checkpoint
-    written before the group existed; :func:`build_net`'s overrides). Unknown names are left for the constructor."""
+    written before the group existed, also under its former name: ``renamed_options``; :func:`build_net`'s
+    overrides). Unknown names are left for the constructor."""
     args = dict(init_args)
     own = set(inspect.signature(cls.__init__).parameters)
+    renamed: dict[str, dict[str, Any]] = {}
+    for old, new in dict(getattr(cls, "renamed_options", {})).items():
+        if old in args:
+            group_name, _, field = new.partition(".")
+            renamed.setdefault(group_name, {})[field] = args.pop(old)
     for name, group in option_groups(cls).items():
         fields = {f.name for f in dataclasses.fields(group)} - own
         value = args.get(name)
         given = dataclasses.asdict(value) if is_options(value) else dict(value or {})
-        moved = {key: args.pop(key) for key in [k for k in args if k in fields]}
+        moved = {**renamed.get(name, {}), **{key: args.pop(key) for key in [k for k in args if k in fields]}}
         if value is not None or moved:
             args[name] = group(**{**given, **moved})
     return args
@@ -101,15 +110,28 @@ def moved_options(cls: type) -> dict[str, str]:
 
 
 def regrouped_spec(spec):
-    """A recorded network spec with its ``init_args`` in its class's option groups (plain mappings); anything else,
-    or a class that does not import, is returned as it is."""
+    """A recorded spec ``{class_path, init_args}`` (a network's, or a config's class) with its ``init_args`` in its
+    class's option groups (plain mappings); anything else, or a class that does not import, is returned as it is."""
     if not isinstance(spec, Mapping) or not isinstance(spec.get("init_args"), Mapping):
         return spec
     cls = class_of(spec.get("class_path"))
     if cls is None or not option_groups(cls):
         return spec
-    args = constructor_args(cls, spec["init_args"])
+    try:
+        args = constructor_args(cls, spec["init_args"])
+    except (TypeError, ValueError):  # a value its group refuses: left for the parser to report
+        return spec
     return {**spec, "init_args": {k: dataclasses.asdict(v) if is_options(v) else v for k, v in args.items()}}
+
+
+def regrouped_config(config):
+    """A config (nested mappings) with every ``{class_path, init_args}`` in it regrouped (:func:`regrouped_spec`),
+    inner ones included: a run's recorded config of before the option groups compares with today's."""
+    if isinstance(config, Mapping):
+        config = regrouped_spec({key: regrouped_config(value) for key, value in config.items()})
+    elif isinstance(config, list):
+        config = [regrouped_config(value) for value in config]
+    return config
 
 
 def net_spec(net: RecordedNet) -> dict:

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from grounding.errors import UserInputError
+from grounding.nets import regrouped_config
 from grounding.utils.io import atomic_write_json, atomic_write_text
 from grounding.utils.owner import owner_gone, owner_record, same_host
 
@@ -131,7 +132,7 @@ def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, 
     if not isinstance(old, dict):
         why = f"{old_file} is {'unreadable' if old_file.exists() else 'missing'}"
     else:
-        diff = config_differences(old, new_config)
+        diff = config_differences(regrouped_config(old), new_config)
         if not diff:
             return
         why = f"{old_file} differs in " + ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
@@ -150,7 +151,8 @@ def _check_resume(old_file: Path, new_config: dict, overwrite: bool) -> None:
         return  # a checkpoint from elsewhere, or a run without its record: nothing to compare with
     if not isinstance(old, dict):
         return
-    diff = [k for k in config_differences(old, new_config) if k.split(".")[0] in TRAINED_SECTIONS]
+    # (a run recorded before some options moved into groups: its options compared in their groups)
+    diff = [k for k in config_differences(regrouped_config(old), new_config) if k.split(".")[0] in TRAINED_SECTIONS]
     if not diff:
         return
     what = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")

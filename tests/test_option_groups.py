@@ -147,3 +147,30 @@ def test_a_config_with_a_moved_option_says_where_it_went(tmp_path, where, flat):
         "hard_negative_pool_size -> hard_negative_pool.pool_size (ComposerDataModule)"
     assert last.startswith("Fix: these options moved into option groups") and expected in last, last
     assert stderr.getvalue().count("Fix: these options moved") == 1
+
+
+def test_a_run_recorded_before_the_groups_resumes_and_its_moved_values_are_still_compared(tmp_path):
+    """A run folder's config.yaml written before the option groups holds their fields flat: resuming it under
+    today's config compares each field in its group, so the same values resume and a changed one is refused."""
+    from grounding.run_folder import RunFolderError, check_fit_target
+
+    composer = "grounding.composer.model.Composer"
+    data = "grounding.composer.data.ComposerDataModule"
+    old = {"model": {"class_path": "grounding.composer.training.ComposerTraining",
+                     "init_args": {"net": {"class_path": composer, "init_args": {**TINY, "ct_layers": 3}}}},
+           "data": {"class_path": data, "init_args": {"hard_negative_pool_size": 100, "batch_size": 8}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+
+    def today(ct_layers, pool_size):
+        net = {**TINY, "sizes": dataclasses.asdict(ComposerSizes(ct_layers=ct_layers)),
+               "composition": dataclasses.asdict(CompositionOptions())}
+        return {"model": {"class_path": old["model"]["class_path"],
+                          "init_args": {"net": {"class_path": composer, "init_args": net}}},
+                "data": {"class_path": data, "init_args": {"hard_negative_pool": {"pool_size": pool_size,
+                                                                                  "embeddings": None},
+                                                           "batch_size": 8}}}
+
+    check_fit_target(tmp_path, today(3, 100), resuming=True, overwrite=False)
+    for changed, key in ((today(5, 100), "sizes.ct_layers"), (today(3, 7), "hard_negative_pool.pool_size")):
+        with pytest.raises(RunFolderError, match=key):
+            check_fit_target(tmp_path, changed, resuming=True, overwrite=False)
