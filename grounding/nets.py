@@ -7,7 +7,7 @@ in Python: every injectable network derives from :class:`RecordedNet`, which rec
 constructor arguments; :func:`net_spec` turns a network into ``{"class_path", "init_args"}`` (stored
 in the module's hyperparameters) and :func:`build_net` rebuilds one from that spec.
 
-A network with many switches groups them by concern into option dataclasses (``Composer(transformer=...,
+A network with many switches groups them by concern into option dataclasses (``Composer(sizes=...,
 composition=...)``; a config writes each group as a nested mapping). They are recorded as plain mappings, so a
 checkpoint's hyperparameters stay plain data, and :func:`constructor_args` turns recorded arguments back into a
 constructor call, moving the flat arguments of checkpoints written before a group existed into it.
