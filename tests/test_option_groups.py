@@ -114,7 +114,7 @@ def test_stage_3_reads_a_stage_2_checkpoint_of_either_layout(tmp_path):
         assert grounding.init_args == net.init_args | {"backbone_weights": None}
 
 
-def test_a_nested_null_on_the_command_line_is_null():
+def test_a_nested_null_on_the_command_line_is_null(tiny_world):
     """jsonargparse reads ``--<nested key> null`` as the string "None"; the CLI passes such a flag as an inline config."""
     from grounding.stage_config import nested_nulls_as_config
 
@@ -126,7 +126,8 @@ def test_a_nested_null_on_the_command_line_is_null():
         "--data.init_args.batch_size", "4", "--data.init_args.root=null"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         cli = cli_main(["--config", str(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml"), key, "null",
-                        "--data.init_args.split.split_file=null", "--trainer.logger=false"], run=False)
+                        "--data.init_args.split.split_file=null", f"--data.init_args.root={tiny_world / 'visual_genome'}",
+                        "--trainer.logger=false"], run=False)
     assert cli.model.model.init_args["relation"]["classifier_hidden"] is None and cli.datamodule.split_file is None
 
 
