@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
+from grounding.nets import check_choices
 from grounding.paths import cache_dir, resolve_path
 from grounding.training_images import image_keys, overlapping
 from grounding.utils.io import atomic_path, sha1_of_json
@@ -488,8 +489,7 @@ class VGSplit:
     validation: Literal["carve", "test"] = "carve"
 
     def __post_init__(self):
-        if self.validation not in VALIDATION:
-            raise ValueError(f"VisualGenomeDataModule: validation must be one of {VALIDATION}; got {self.validation!r}")
+        check_choices(self, "VisualGenomeDataModule: ", validation=VALIDATION)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,14 @@ def is_options(value) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
+def check_choices(options, where: str = "", **choices: tuple) -> None:
+    """An option group's ``__post_init__`` check: each named field's value is one of its allowed choices, else a
+    ``ValueError`` naming the field (``where``: a prefix naming the owner)."""
+    for name, allowed in choices.items():
+        if getattr(options, name) not in allowed:
+            raise ValueError(f"{where}{name} must be one of {allowed}; got {getattr(options, name)!r}")
+
+
 def option_groups(cls: type) -> dict[str, type]:
     """The constructor parameters of ``cls`` typed as an option dataclass, by name."""
     try:

@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.ops import roi_align
 
 from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, load_visual_backbone
-from grounding.nets import RecordedNet
+from grounding.nets import RecordedNet, check_choices
 from grounding.precision import full_precision
 
 from .batch import PLACEHOLDER_TYPES
@@ -372,10 +372,8 @@ class CompositionOptions:
     score_head: Literal["linear", "image_gated"] = "linear"
 
     def __post_init__(self):
-        for name, allowed in (("primitive_queries", PRIMITIVE_QUERIES), ("placeholder_init", PLACEHOLDER_INITS),
-                              ("modulator", MODULATORS), ("readout", READOUTS), ("score_head", SCORE_HEADS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+        check_choices(self, primitive_queries=PRIMITIVE_QUERIES, placeholder_init=PLACEHOLDER_INITS,
+                      modulator=MODULATORS, readout=READOUTS, score_head=SCORE_HEADS)
 
 
 class Composer(RecordedNet):

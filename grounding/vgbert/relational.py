@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grounding.nets import RecordedNet
+from grounding.nets import RecordedNet, check_choices
 from grounding.precision import full_precision
 from grounding.vgbert.streams import LanguageStream, VisualStream, special_token_ids, word_mask
 
@@ -439,9 +439,7 @@ class RelationHeadOptions:
     query_key_bias: bool = True
 
     def __post_init__(self):
-        for name, allowed in (("query_pooling", QUERY_POOLING), ("key_position", KEY_POSITION)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+        check_choices(self, query_pooling=QUERY_POOLING, key_position=KEY_POSITION)
 
 
 @dataclass(frozen=True)
