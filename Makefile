@@ -417,7 +417,7 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 # Cross-encoders (COMPOSER ViLBERT-style "ViLBERT + MVSA") rerank their first stage's run of the same size (it is
 # fit too). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
 # of the 1,000 dev photos costs more than an epoch); SCALING_ARGS: e.g. --first-stage full, --validations V.
-SCALING_MODELS ?= "CLIP-style dual encoder" VSE
+SCALING_MODELS ?= "CLIP-style dual encoder" VSE "VG-BERT stage 1"
 SCALING_PHOTOS ?= 750 1500 3000 6000
 SCALING_FIT_ARGS ?=
 SCALING_ARGS ?=
