@@ -24,7 +24,7 @@ CLI := $(PY) -m grounding
 
 .PHONY: help install test test-full lint demo bench world clean crg mcd composer stage1 stage2 stage3 baseline semclip-flickr8k \
         semclip-lists ste ste-report semclip demo-composer demo-semclip evaluate demo-evaluate composer-splits \
-        composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k leaderboard-flickr8k-full scaling-flickr8k \
+        composer-cost vse vilbert vilbert-mvsa leaderboard leaderboard-flickr8k leaderboard-flickr8k-full scaling-flickr8k scaling-plot \
         cache-list cache-prune
 
 STE_CONFIG ?= experiments/semclip/ste_wordnet.yaml
@@ -417,13 +417,20 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 # Cross-encoders (COMPOSER ViLBERT-style "ViLBERT + MVSA") rerank their first stage's run of the same size (it is
 # fit too). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
 # of the 1,000 dev photos costs more than an epoch); SCALING_ARGS: e.g. --first-stage full, --validations V.
+# SCALING_RECORD: the committed rows of earlier runs (their commits kept), merged for every point this run does not
+# test, so the table and plot hold every model measured so far; copy a run's scaling.json over it to keep new rows.
 SCALING_MODELS ?= "CLIP-style dual encoder" VSE "VG-BERT stage 1"
 SCALING_PHOTOS ?= 750 1500 3000 6000
 SCALING_FIT_ARGS ?=
 SCALING_ARGS ?=
+SCALING_RECORD ?= docs/records/scaling_flickr8k_full.json
 scaling-flickr8k: install  ## rsum against training photos (750 / 1,500 / 3,000 / 6,000) on the 1,000 Flickr8k test photos (fits what is missing)
 	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models $(SCALING_MODELS) \
-	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(SCALING_ARGS)
+	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(if $(SCALING_RECORD),--recorded $(SCALING_RECORD)) $(SCALING_ARGS)
+
+scaling-plot: install  ## redraw the scaling table and plot from SCALING_RECORD alone (no fits, no tests)
+	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --recorded $(SCALING_RECORD) \
+	  $(SCALING_ARGS)
 
 # COMPOSER on its MCD split and the graded splits (§5.1, Fig. 4): the world checkpoint of `make composer` tested
 # on every split of `make demo-composer`'s mcd_world (each made first when missing); table + plot in the report folder.

@@ -217,6 +217,9 @@ def _cases(i):
         ("scaling_photos_not_positive", "grounding.leaderboard.scaling",
          ["--config", str(EXPERIMENTS_DIR / "leaderboard" / "world.yaml"), "--models", "VSE", "--photos", "0"],
          "--photos", "positive"),
+        ("scaling_record_not_a_record", "grounding.leaderboard.scaling",
+         ["--config", str(EXPERIMENTS_DIR / "leaderboard" / "world.yaml"), "--recorded", str(d / "garbage.ckpt"),
+          "--out", str(d / "s")], str(d / "garbage.ckpt"), "scaling.json"),
         ("leaderboard_config_missing", "grounding.leaderboard", ["--config", str(d / "none.yaml")], "none.yaml",
          "experiments/leaderboard"),
     ]

@@ -17,7 +17,9 @@ from grounding.leaderboard.board import Leaderboard, LeaderboardError, ModelEntr
 from grounding.leaderboard.scaling import main as scaling_main
 from grounding.leaderboard.scaling import (
     markdown,
+    merge_recorded,
     plot_scaling,
+    read_recorded,
     scaling_entries,
     slug,
     subset_override,
@@ -46,6 +48,38 @@ def test_table_and_plot_of_fake_rows(tmp_path):
     assert "| A | 1500 | 150.0 [145.0, 155.0] | 1.0 | 2.0 | – | 1.5 | 3 |" in md and "`fit B`" in md
     assert "| C | 750 | 100.0 [95.0, 105.0] | 1.0 | 2.0 | A @ 750, R@20 41.0 | 1.5 | 3 |" in md
     assert plot_scaling(rows, tmp_path / "s.png", "t").stat().st_size > 1000
+
+
+def test_recorded_rows_fill_what_this_run_did_not_test_and_redraw_alone(tmp_path):
+    """--recorded: an earlier run's tested rows join the table for every (model, size) this run did not test (a
+    skipped row of this run is replaced, a tested one wins); with no --models the record is only redrawn. The
+    committed record of the Flickr8k curve reads as one."""
+    def row(model, n, rsum, **kw):
+        return {"model": model, "photos": n, "rsum": rsum, "rsum_low": rsum - 5, "rsum_high": rsum + 5, "t2i_r1": None,
+                "i2t_r1": None, "status": "ok", "command": "c", **kw}
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"source": "b.yaml", "rows": [
+        row("A", 750, 100.0, commit="aaaaaaa"), row("A", 1500, 150.0, commit="aaaaaaa"),
+        row("B", 750, 90.0, commit="aaaaaaa"), {"model": "B", "photos": 1500, "status": "skipped: no run", "command": "x"}]}))
+    recorded = read_recorded(record)
+    assert [(r["model"], r["photos"]) for r in recorded] == [("A", 750), ("A", 1500), ("B", 750)]  # tested rows only
+    assert all(r["recorded_in"] == str(record) for r in recorded)
+    this_run = [row("A", 1500, 160.0, commit="bbbbbbb"), {"model": "B", "photos": 750, "status": "skipped: no run",
+                                                           "command": "fit B"}, row("C", 750, 80.0, commit="bbbbbbb")]
+    merged = merge_recorded(this_run, recorded)
+    assert [(r["model"], r["photos"], r["rsum"], r["commit"]) for r in merged] == [
+        ("A", 750, 100.0, "aaaaaaa"), ("A", 1500, 160.0, "bbbbbbb"), ("B", 750, 90.0, "aaaaaaa"), ("C", 750, 80.0, "bbbbbbb")]
+    md = markdown(merged)
+    assert "| A | 750 | 100.0 [95.0, 105.0] | – | – | – | – | – | aaaaaaa (recorded) |" in md
+    assert "| A | 1500 | 160.0 [155.0, 165.0] | – | – | – | – | – | bbbbbbb |" in md
+    out = tmp_path / "redrawn"
+    assert scaling_main(["--config", str(EXPERIMENTS_DIR / "leaderboard" / "world.yaml"), "--recorded", str(record),
+                         "--out", str(out)]) == 0
+    assert [r["rsum"] for r in json.loads((out / "scaling.json").read_text())["rows"]] == [100.0, 150.0, 90.0]
+    assert (out / "scaling.png").stat().st_size > 1000
+    committed = read_recorded(Path(__file__).resolve().parents[1] / "docs" / "records" / "scaling_flickr8k_full.json")
+    assert {r["photos"] for r in committed if r["model"] == "VSE"} == {750, 1500, 3000, 6000}
+    assert all(r["commit"] and r["rsum_low"] <= r["rsum"] <= r["rsum_high"] for r in committed)
 
 
 @pytest.mark.parametrize("max_epochs, every, expected", [

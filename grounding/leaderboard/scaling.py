@@ -20,11 +20,18 @@ Scaled fits validate at most ``--validations`` times (default 3), always at thei
 smallest divisor of the config's ``max_epochs`` that allows it (15 epochs: 5, 10, 15; 8: 4, 8), because on 750
 photos one evaluation of the full dev split costs more than an epoch; a config that already validates that rarely,
 ending at its last epoch, keeps its own schedule. The best of those epochs on dev is tested.
+
+Run folders do not always outlive the machine that made them, so a curve can grow one model at a time:
+``--recorded FILE`` (repeatable) merges the rows of an earlier run's ``scaling.json`` (e.g. the committed
+``docs/records/scaling_flickr8k_full.json``) for every (model, size) this run does not test; a row this run tests
+replaces the recorded one. Every row carries the ``commit`` it was measured at and, when merged, the file it came
+from (``recorded_in``). Write the merged ``scaling.json`` back over the record to keep it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import shlex
@@ -54,7 +61,7 @@ from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
 
 COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "first_stage", "train_minutes", "epochs",
-           "status", "command")
+           "status", "command", "commit", "recorded_in")
 FIRST_STAGE_SIZES = ("same", "full")
 
 
@@ -198,6 +205,43 @@ def run_scaling(board: Leaderboard, models: list[str], photos: list[int], runs: 
     return rows
 
 
+def source_commit() -> str | None:
+    """The checkout's commit (short hash, ``-dirty`` with uncommitted changes), or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def read_recorded(path: Path) -> list[dict]:
+    """The rows of an earlier run's ``scaling.json`` that were tested (status ok), each marked ``recorded_in``; a file
+    that is not such a record is one LeaderboardError."""
+    try:
+        rows = json.loads(Path(path).read_text())["rows"]
+        ok = [r for r in rows if r.get("status") == "ok"]
+        for r in ok:
+            float(r["rsum"]), float(r["rsum_low"]), float(r["rsum_high"]), int(r["photos"]), str(r["model"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LeaderboardError(f"--recorded {path}: not a scaling.json this command wrote ({type(e).__name__}: {e}); "
+                               "expected {\"rows\": [{\"model\", \"photos\", \"rsum\", \"rsum_low\", \"rsum_high\", "
+                               "\"status\": \"ok\", ...}]}") from None
+    return [{**r, "recorded_in": r.get("recorded_in") or str(path)} for r in ok]
+
+
+def merge_recorded(rows: list[dict], recorded: list[dict]) -> list[dict]:
+    """``rows`` with every recorded row whose (model, photos) this run did not test: it replaces a skipped row of
+    this run or joins the table (later files win over earlier ones); rows sorted by model (first seen) and size."""
+    tested = {(r["model"], r["photos"]) for r in rows if r.get("status") == "ok"}
+    merged = {(r["model"], r["photos"]): r for r in rows}
+    for r in recorded:
+        if (r["model"], r["photos"]) not in tested:
+            merged[(r["model"], r["photos"])] = r
+    order = {m: i for i, m in enumerate(dict.fromkeys([*(r["model"] for r in recorded), *(r["model"] for r in rows)]))}
+    return sorted(merged.values(), key=lambda r: (order[r["model"]], r["photos"]))
+
+
 def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
     """rsum against training photos (log scale), one line per model, the 95 % intervals as error bars."""
     fig = Figure(figsize=(6.4, 4.2), dpi=120)
@@ -226,16 +270,19 @@ def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
 
 
 def markdown(rows: list[dict]) -> str:
+    def number(value) -> str:
+        return "–" if value is None else f"{value:.1f}"
+
     lines = ["| model | training photos | rsum [95 % CI] | t2i R@1 | i2t R@1 | first stage (its t2i recall@K) | train min "
-             "| epochs |", "|" + "---|" * 8]
+             "| epochs | commit |", "|" + "---|" * 9]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['photos']} | {r.get('status')}: `{r['command']}` | | | | | |")
+            lines.append(f"| {r['model']} | {r['photos']} | {r.get('status')}: `{r['command']}` | | | | | | |")
             continue
-        minutes = "–" if r.get("train_minutes") is None else f"{r['train_minutes']:.1f}"
+        commit = (r.get("commit") or "–") + (" (recorded)" if r.get("recorded_in") else "")
         lines.append(f"| {r['model']} | {r['photos']} | {r['rsum']:.1f} [{r['rsum_low']:.1f}, {r['rsum_high']:.1f}] | "
-                     f"{r['t2i_r1']:.1f} | {r['i2t_r1']:.1f} | {r.get('first_stage') or '–'} | {minutes} | "
-                     f"{r.get('epochs') or '–'} |")
+                     f"{number(r.get('t2i_r1'))} | {number(r.get('i2t_r1'))} | {r.get('first_stage') or '–'} | "
+                     f"{number(r.get('train_minutes'))} | {r.get('epochs') or '–'} | {commit} |")
     return "\n".join(lines) + "\n"
 
 
@@ -254,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grounding.leaderboard.scaling", allow_abbrev=False,
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="experiments/leaderboard/flickr8k_full.yaml", help="a leaderboard YAML")
-    p.add_argument("--models", nargs="+", required=True, metavar="NAME", help="leaderboard model names")
+    p.add_argument("--models", nargs="*", default=[], metavar="NAME",
+                   help="leaderboard model names (none: only redraw the --recorded rows)")
     p.add_argument("--photos", nargs="+", type=int, default=[750, 1500, 3000, 6000], help="training-set sizes")
     p.add_argument("--runs", default="outputs/scaling", help="run folders: <runs>/<model>/n<N>")
     p.add_argument("--out", default=None, help="report folder (default: reports/scaling/<test set>)")
@@ -263,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validations", type=int, default=3, metavar="V",
                    help="a scaled fit evaluates dev at most V times, the last at its last epoch (0: the config's own "
                         "schedule)")
+    p.add_argument("--recorded", action="append", default=[], metavar="FILE",
+                   help="an earlier run's scaling.json: its rows join the table for every (model, size) this run does "
+                        "not test (repeatable)")
     p.add_argument("--first-stage", choices=FIRST_STAGE_SIZES, default="same",
                    help="a cross-encoder at N photos reranks its first stage's run at N photos (same) or at the whole "
                         "split (full)")
@@ -271,18 +322,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --photos and --validations must be positive; got {args.photos} and {args.validations}",
               file=sys.stderr)
         return 2
+    if not args.models and not args.recorded:
+        print("error: nothing to draw: name --models to test, or --recorded scaling.json files to redraw", file=sys.stderr)
+        return 2
     try:
         board = load_leaderboard(args.config)
         with_first_stages(board, args.models)  # before the test set is read
+        recorded = [row for path in args.recorded for row in read_recorded(resolve_path(path))]  # before any fit
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
                            log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=shlex.split(args.fit_args),
-                           first_stage=args.first_stage, validations=args.validations or None)
+                           first_stage=args.first_stage, validations=args.validations or None) if args.models else []
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as e:
         print(f"error: a scaling fit failed (exit status {e.returncode}): {' '.join(map(str, e.cmd))}", file=sys.stderr)
         return 1
+    commit = source_commit()
+    rows = merge_recorded([{**r, "commit": commit} for r in rows], recorded)
     out = write_scaling(rows, Path(args.out or f"reports/scaling/{board.test_set.name}"), board)
     print(markdown(rows), end="")
     print(f"wrote {out}/scaling.md, .csv, .json and .png", file=sys.stderr)
