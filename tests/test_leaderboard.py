@@ -101,6 +101,20 @@ def _tiny_vse_and_vilbert(tiny_world, tmp_path) -> tuple[dict, str, str]:
     return flickr, vse, vilbert
 
 
+@pytest.fixture(scope="module")
+def tiny_vse_vilbert_runs(tiny_world, tmp_path_factory) -> tuple[dict, str, str, dict[str, str], Path]:
+    """``_tiny_vse_and_vilbert``'s configs and their fits, made once for this module's tests (they only read them):
+    VSE seeds 0 and 1 and ViLBERT-style; (reader, vse config, vilbert config, {"vse", "vse1", "vilbert"}: last.ckpt,
+    the folder holding the runs)."""
+    root = tmp_path_factory.mktemp("leaderboard_runs")
+    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GROUNDING_CACHE", str(root / "cache"))
+        ckpts = {"vse": _fit(vse, root / "seed0"), "vse1": _fit(vse, root / "seed1", "--seed_everything=1"),
+                 "vilbert": _fit(vilbert, root / "run_vilbert")}
+    return flickr, vse, vilbert, ckpts, root
+
+
 def _fit(config: str, out, *extra) -> str:
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["fit", "--config", config, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
@@ -283,13 +297,12 @@ def test_compositional_split_path_is_absolute_for_the_reader(tmp_path, monkeypat
     assert captions["init_args"] == {"root": "../elsewhere", "captions_file": "x"}  # the test set is not changed
 
 
-def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_world, tmp_path, monkeypatch):
+def test_a_cross_encoder_reranks_another_rows_first_stage(tiny_vse_vilbert_runs, tmp_path, monkeypatch):
     """``first_stage: VSE`` + ``rerank_top_k: 2``: ViLBERT-style cross-encodes each test caption with VSE's top 2 of
     the 5 test images only. Reranking inside the top 2 moves no image across rank 2, and the rest keep VSE's order,
     so text->image R@5 and R@10 are VSE's; the logged ceiling is VSE's R@2 on the same queries."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, tmp_path)
-    ckpts = {"vse": _fit(vse, tmp_path / "run_vse"), "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
+    flickr, vse, vilbert, ckpts, _ = tiny_vse_vilbert_runs
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr}, "out": str(tmp_path / "board"),
                   "models": [{"name": "VSE", "config": vse, "ckpt": ckpts["vse"], "command": "make vse"},
                              {"name": "ViLBERT-style", "config": vilbert, "ckpt": ckpts["vilbert"],
@@ -331,25 +344,24 @@ def test_a_seed_whose_fit_stopped_early_is_not_counted(tmp_path):
     assert fit_progress(tmp_path / "stopped") == (1, 3) and fit_progress(tmp_path / "done") is None
 
 
-def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tmp_path, monkeypatch):
+def test_other_seeds_give_mean_sd_and_the_interval_of_the_mean(tiny_world, tiny_vse_vilbert_runs, tmp_path,
+                                                                monkeypatch):
     """A row with ``other_seeds``: its recalls are the runs' means, rsum's sd is theirs, and the interval is that of
     the mean rsum; each run alone (its own row) gives the numbers averaged."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    offline, flickr, data = tiny_region_setup(tiny_world)
-    vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
-    first = _fit(vse, tmp_path / "seed0")
-    second = _fit(vse, tmp_path / "seed1", "--seed_everything=1")
+    flickr, vse, _, ckpts, runs = tiny_vse_vilbert_runs
+    first, second = ckpts["vse"], ckpts["vse1"]
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "world_meta": str(tiny_world / "world.json")},
                   "out": str(tmp_path / "board"),
                   "models": [{"name": "VSE", "config": vse, "ckpt": first, "command": "make vse",
-                              "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt"),
+                              "other_seeds": [str(runs / "seed1" / "checkpoints" / "last*.ckpt"),
                                               str(tmp_path / "seed2" / "checkpoints" / "last.ckpt")]},  # not made
                              {"name": "seed 0", "config": vse, "ckpt": first, "command": "make vse"},
                              {"name": "seed 1", "config": vse, "ckpt": second, "command": "make vse"},
                              # ensembles: two seeds fused; a model fused with itself (its rankings, its seeds paired)
                              {"name": "fused seeds", "ensemble": ["seed 0", "seed 1"], "command": "make vse"},
                              {"name": "VSE again", "config": vse, "ckpt": first, "command": "make vse",
-                              "other_seeds": [str(tmp_path / "seed1" / "checkpoints" / "last*.ckpt")]},
+                              "other_seeds": [str(runs / "seed1" / "checkpoints" / "last*.ckpt")]},
                              {"name": "VSE twice", "ensemble": ["VSE", "VSE again"], "command": "make vse"}]}
     (tmp_path / "board.yaml").write_text(yaml.safe_dump(board_yaml))
     from grounding.leaderboard import board as board_module
@@ -399,14 +411,13 @@ def _world_splits(tiny_world, tmp_path, stray: bool = False) -> Path:
     return out
 
 
-def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, tmp_path, monkeypatch):
+def test_graded_splits_restrict_exhaustive_rows_and_rerun_rerankers(tiny_world, tiny_vse_vilbert_runs, tmp_path,
+                                                                     monkeypatch):
     """``--graded`` (Fig. 4 with every row): a row that reranks nothing (a model with seeds, one run, an ensemble)
     gets its test matrix restricted to each split, which equals its own `test` on that split file; a reranker runs its
     test loop on each split. On the MCD split both equal the row's compositional column."""
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    flickr, vse, vilbert = _tiny_vse_and_vilbert(tiny_world, tmp_path)
-    ckpts = {"vse": _fit(vse, tmp_path / "seed0"), "vse1": _fit(vse, tmp_path / "seed1", "--seed_everything=1"),
-             "vilbert": _fit(vilbert, tmp_path / "run_vilbert")}
+    flickr, vse, vilbert, ckpts, _ = tiny_vse_vilbert_runs
     splits = _world_splits(tiny_world, tmp_path)
     board_yaml = {"test_set": {"name": "tiny", "captions": flickr, "compositional_split": str(splits / "mcd.json")},
                   "out": str(tmp_path / "board"),

@@ -540,9 +540,14 @@ def test_seeds_summary_by_hand(tmp_path, capsys):
     assert np.isnan(one.loc["silhouette (categories)", "diff_sd"])
 
 
-def test_seeds_summary_errors_are_one_line_and_exit_2(tmp_path, capsys):
+def test_seeds_summary_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     import subprocess
     import sys
+
+    from grounding.errors import user_errors_exit
+    from grounding.semantic_space import seeds as seeds_module
+
+    monkeypatch.delenv("GROUNDING_DEBUG", raising=False)
 
     a = _intervals_csv(tmp_path / "a", "G0", [("silhouette (categories)", 0.1, 0.12, 0.01, 0.03)])
     b = _intervals_csv(tmp_path / "b", "G1", [("silhouette (categories)", 0.1, 0.12, 0.01, 0.03)], reference="Bert")
@@ -556,11 +561,18 @@ def test_seeds_summary_errors_are_one_line_and_exit_2(tmp_path, capsys):
              (["--seed", str(a), "G0", "--seed", str(b), "G1"], "different reference models"),
              (["--seed", str(a), "G0", "--seed", str(c), "G2"], "measures differ"),
              (["--seed", str(a), "G0", "--out", str(tmp_path / "file")], "a file is in the way")]
-    for argv, needle in cases:
+    for i, (argv, needle) in enumerate(cases):
         argv = argv + ([] if "--out" in argv else ["--out", str(tmp_path / "out")])
-        done = subprocess.run([sys.executable, "-m", "grounding.semantic_space.seeds", *argv], capture_output=True,
-                              text=True)
-        assert done.returncode == 2, (argv, done.stderr)
-        lines = done.stderr.strip().splitlines()  # the error, then the suite's GROUNDING_DEBUG hint
-        assert len(lines) <= 2 and needle in lines[0] and "Traceback" not in done.stderr, (argv, done.stderr)
+        if i == 0:  # the command itself once, in its own process; the other cases through the same wrapper in this one
+            done = subprocess.run([sys.executable, "-m", "grounding.semantic_space.seeds", *argv], capture_output=True,
+                                  text=True)
+            code, stderr = done.returncode, done.stderr
+        else:
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exited, user_errors_exit(seeds_module.PROG):
+                seeds_module.main(argv)
+            code, stderr = exited.value.code, capsys.readouterr().err
+        assert code == 2, (argv, stderr)
+        lines = stderr.strip().splitlines()  # the error, then the suite's GROUNDING_DEBUG hint
+        assert len(lines) <= 2 and needle in lines[0] and "Traceback" not in stderr, (argv, stderr)
     assert (tmp_path / "file").read_text() == "keep me" and not (tmp_path / "out").exists()
