@@ -111,8 +111,11 @@ $(STAMP): pyproject.toml
 	else echo "Skipping the optional Link Grammar backend (as root: apt-get install python3-link-grammar link-grammar-dictionaries-en)"; fi
 	touch $@
 
+# The fast tier runs in TEST_WORKERS processes (pytest-xdist; auto: one a core, at most 4); TEST_WORKERS=0 runs it in
+# this process (for pdb). test-full stays in one process: its slow fits time and kill their own subprocesses.
+TEST_WORKERS ?= auto
 test: install  ## the fast test tier, what CI runs (CPU, tiny generated data; reads ../shared/data when present)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --maxprocesses 4
 
 test-full: install explore-install  ## every test, the slow end-to-end fits included (run before resolving an issue)
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
