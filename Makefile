@@ -418,7 +418,8 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 # (outputs/scaling/<model>/n<N>; the 6,000-photo point is the benchmark's own run), all tested on the 1,000 test
 # photos: rsum with 95 % intervals against training photos (reports/scaling/flickr8k_full/scaling.{md,csv,json,png}).
 # Cross-encoders (COMPOSER ViLBERT-style "ViLBERT + MVSA") rerank their first stage's run of the same size (it is
-# fit too). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
+# fit too); a SemCLIP row's Γ_t is refit at N through its VLM's run at N, on those N photos' captions (the STE is made
+# first when missing). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
 # of the 1,000 dev photos costs more than an epoch); SCALING_ARGS: e.g. --first-stage full, --validations V.
 # SCALING_RECORD: the committed rows of earlier runs (their commits kept), merged for every point this run does not
 # test, so the table and plot hold every model measured so far; copy a run's scaling.json over it to keep new rows.
@@ -428,6 +429,8 @@ SCALING_FIT_ARGS ?=
 SCALING_ARGS ?=
 SCALING_RECORD ?= docs/records/scaling_flickr8k_full.json
 scaling-flickr8k: install  ## rsum against training photos (750 / 1,500 / 3,000 / 6,000) on the 1,000 Flickr8k test photos (fits what is missing)
+	@case '$(SCALING_MODELS)' in *SemCLIP*) test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || \
+	  $(MAKE) --no-print-directory ste STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet;; esac
 	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models $(SCALING_MODELS) \
 	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(if $(SCALING_RECORD),--recorded $(SCALING_RECORD)) $(SCALING_ARGS)
 

@@ -61,6 +61,8 @@ def test_leaderboard_yamls_name_configs_that_parse(path):
      " {name: y, command: make y, config: c, ckpt: k}, {name: e, command: make e, ensemble: [x, y]},"
      " {name: z, command: make z, config: c, ckpt: k, first_stage: e, rerank_top_k: 2}]",
      "first_stage 'e' must name a suite model"),
+    ("test_set: {captions: {class_path: a.B}}\nmodels: [{name: s, command: make s,"
+     " semclip: {vlm: v, transform: t, ste: s, bank_images: 3}}]", "semclip.bank_images must be a path"),
 ])
 def test_bad_leaderboard_yaml_is_one_line_and_exit_2(tmp_path, capsys, text, match):
     path = tmp_path / "board.yaml"

@@ -4,16 +4,19 @@ for the missing sizes, and its table and plot."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 from test_leaderboard import _tiny_vse_and_vilbert
 
 from grounding.leaderboard import load_leaderboard
-from grounding.leaderboard.board import Leaderboard, LeaderboardError, ModelEntry, TestSet
+from grounding.leaderboard.board import Leaderboard, LeaderboardError, ModelEntry, TestSet, semclip_bank
 from grounding.leaderboard.scaling import main as scaling_main
 from grounding.leaderboard.scaling import (
     markdown,
@@ -21,8 +24,10 @@ from grounding.leaderboard.scaling import (
     plot_scaling,
     read_recorded,
     scaling_entries,
+    semclip_vlm,
     slug,
     subset_override,
+    train_photo_names,
     validation_every,
     with_first_stages,
 )
@@ -136,6 +141,96 @@ def test_a_cross_encoder_at_n_photos_reranks_its_first_stage_at_n_photos(tmp_pat
     assert [(name, n) for name, n, _, _ in plan] == [("VSE", 750), ("VSE", 6000), ("ViLBERT-style", 750)]
     with pytest.raises(LeaderboardError, match="--first-stage half"):
         scaling_entries(board, ["VSE"], [750], tmp_path / "runs", 6000, fit=False, first_stage="half")
+
+
+def _semclip_board(tmp_path) -> Leaderboard:
+    """A dual encoder and SemCLIP on it (its Γ_t config named), as experiments/leaderboard/flickr8k_full.yaml has them."""
+    de = ModelEntry("DE", "make de", config=str(EXPERIMENTS_DIR / "vgbert" / "baseline_flickr8k_full.yaml"),
+                    ckpt=str(tmp_path / "de_full" / "checkpoints" / "best-*.ckpt"))
+    semclip = ModelEntry("SemCLIP", "make semclip", config=str(EXPERIMENTS_DIR / "semclip" / "align_flickr8k_full.yaml"),
+                         semclip={"vlm": f"suite:{tmp_path / 'de_full' / 'checkpoints' / 'best.ckpt'}",
+                                  "transform": str(tmp_path / "align_full" / "transform.pt"),
+                                  "ste": str(tmp_path / "ste" / "embedding")},
+                         runs=[str(tmp_path / "de_full"), str(tmp_path / "ste"), str(tmp_path / "align_full")])
+    return Leaderboard(TestSet(name="t", captions={}), [de, semclip], str(tmp_path / "out"), "board.yaml")
+
+
+def test_semclip_at_n_photos_refits_gamma_t_on_its_vlm_at_n_photos(tmp_path):
+    """A SemCLIP row is planned after its VLM (added when not named); at N photos its Γ_t is refit through the VLM's
+    N-photo run on those photos' captions (caption_images), and the store's bank is the same captions; the STE
+    stays the row's. Until the VLM's run exists, the row is skipped with the commands that make it."""
+    board = _semclip_board(tmp_path)
+    assert semclip_vlm(board, board.models[1]) == "DE"
+    assert with_first_stages(board, ["SemCLIP"]) == ["DE", "SemCLIP"]
+    elsewhere = replace(board.models[1], semclip={**board.models[1].semclip, "vlm": "suite:/elsewhere/c/best.ckpt"})
+    with pytest.raises(LeaderboardError, match="its VLM suite:/elsewhere/c/best.ckpt is the checkpoint of no suite row"):
+        with_first_stages(replace(board, models=[board.models[0], elsewhere]), ["SemCLIP"])
+    runs = tmp_path / "runs"
+    plan = scaling_entries(board, ["SemCLIP"], [750], runs, 6000, fit=False)
+    by = {(name, n): (entry, cmd) for name, n, entry, cmd in plan}
+    assert list(by) == [("DE", 750), ("SemCLIP", 750)]
+    assert by[("SemCLIP", 750)][0] is None
+    assert f"first its VLM, DE at 750 photos (this command with --fit makes it in {runs / 'de' / 'n750'})" \
+        in by[("SemCLIP", 750)][1]
+    ckpt = runs / "de" / "n750" / "checkpoints" / "best-epoch004-step10.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"x")
+    entry, cmd = scaling_entries(board, ["SemCLIP"], [750, 6000], runs, 6000, fit=False)[-2][2:]
+    assert entry is None  # the VLM's run exists, Γ_t's not yet: the command fits Γ_t through it
+    folder = runs / "semclip" / "n750"
+    args = shlex.split(cmd)
+    assert args[:5] == ["python", "-m", "grounding", "fit", "--config"] and args[5].endswith("align_flickr8k_full.yaml")
+    assert yaml.safe_load(args[7]) == {"data": {"init_args": {"vlm": f"suite:{ckpt}",
+                                                              "caption_images": str(folder / "train_photos.txt")}},
+                                       "model": {"init_args": {"export_path": str(folder / "transform.pt")}}}
+    assert args[8:] == ["--trainer.default_root_dir", str(folder)]
+    folder.mkdir(parents=True)
+    (folder / "transform.pt").write_bytes(b"x")
+    plan = scaling_entries(board, ["SemCLIP"], [750, 6000], runs, 6000, fit=False)
+    entry = next(e for name, n, e, _ in plan if (name, n) == ("SemCLIP", 750))
+    assert entry.name == "SemCLIP @ 750" and entry.semclip == {
+        "vlm": f"suite:{ckpt}", "transform": str(folder / "transform.pt"), "ste": str(tmp_path / "ste" / "embedding"),
+        "bank_images": str(folder / "train_photos.txt")}
+    assert entry.runs == [str(ckpt.parent.parent), str(tmp_path / "ste"), str(folder)]  # VLM, STE, Γ_t
+    whole = next(e for name, n, e, _ in plan if (name, n) == ("SemCLIP", 6000))
+    assert whole.semclip == board.models[1].semclip  # the whole split: the leaderboard row as it is
+
+
+def test_semclip_bank_keeps_the_named_training_images_captions(tmp_path):
+    train = SimpleNamespace(image_paths=[Path("x/a.jpg"), Path("x/b.jpg"), Path("x/c.jpg")],
+                            captions=[["a one", "a two"], ["b one"], ["c one"]])
+    entry = ModelEntry("S", "make", semclip={"vlm": "v", "transform": "t", "ste": "s"})
+    assert semclip_bank(entry, train) == ["a one", "a two", "b one", "c one"]
+    (tmp_path / "names.txt").write_text("c.jpg\na.jpg\n\n")
+    named = replace(entry, semclip={**entry.semclip, "bank_images": str(tmp_path / "names.txt")})
+    assert semclip_bank(named, train) == ["a one", "a two", "c one"]
+    (tmp_path / "names.txt").write_text("z.jpg\n")
+    with pytest.raises(LeaderboardError, match=r"names none of the test set's 3 training images.*\(e.g. a.jpg\)"):
+        semclip_bank(named, train)
+    with pytest.raises(LeaderboardError, match="semclip.bank_images .*missing.txt cannot be read"):
+        semclip_bank(replace(entry, semclip={**entry.semclip, "bank_images": str(tmp_path / "missing.txt")}), train)
+
+
+def test_train_photo_names_are_the_vlm_fits_own_sample(tiny_world, tmp_path):
+    """The N names SemCLIP's Γ_t and bank use at N photos are the images the VLM's N-photo fit trains on (the caption
+    DataModule's seeded ``train_subset``), all of its training split."""
+    from data_modules import FlickrDataModule
+
+    reader = {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None, "image_dir": "images",
+              "num_workers": 0}
+    config = tmp_path / "de.yaml"
+    config.write_text(yaml.safe_dump({"base": str(EXPERIMENTS_DIR / "vgbert" / "baseline_flickr8k_full.yaml"),
+                                      "data": {"init_args": reader}}))
+    names = train_photo_names(str(config), 8)
+    dm = FlickrDataModule(**{k: v for k, v in reader.items() if k != "num_workers"}, train_subset=8)
+    dm.setup()
+    assert names == [Path(p).name for p in dm.train_dataset.image_paths] and len(set(names)) == 8
+    every = FlickrDataModule(**{k: v for k, v in reader.items() if k != "num_workers"})
+    every.setup()
+    assert set(names) < {Path(p).name for p in every.train_dataset.image_paths}
+    composer = str(EXPERIMENTS_DIR / "composer" / "vse_flickr8k_full.yaml")
+    with pytest.raises(LeaderboardError, match="is no caption DataModule"):
+        train_photo_names(composer, 8)
 
 
 @pytest.mark.slow

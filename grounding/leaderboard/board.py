@@ -38,7 +38,9 @@ kept (``module.scored["test"]``) through :func:`grounding.retrieval_metrics.retr
 own ``test`` logs with, and are checked against what it logged. Compositional R@1: text->image R@1 of the test
 captions naming one of the world's held-out attribute–object pairs, or, with ``compositional_split``, of a second
 test run on that split (an MCD split of real data). SemCLIP's row: its content store (the test set's training
-captions as the text bank, the test images ingested by Eq. 7, each test caption a query) on its VLM.
+captions as the text bank, the test images ingested by Eq. 7, each test caption a query) on its VLM; optional keys:
+``query_mode`` (``ste``), ``bank_images`` (a file of training image names: only their captions form the bank). A
+SemCLIP row's ``config`` (optional) names its Γ_t's fit config, which the scaling curve refits at every size.
 
 Columns: the recalls and rsum with its 95 % bootstrap interval (:func:`grounding.retrieval_metrics.rsum_interval`: test
 images resampled with their captions), the median ranks, the rerank's ceiling for a cross-encoder that reranks a
@@ -259,6 +261,9 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
                                    "`semclip` (vlm, transform, ste)")
         if entry.semclip is not None and not all(isinstance(entry.semclip.get(k), str) for k in ("vlm", "transform", "ste")):
             raise LeaderboardError(f"{where} ({entry.name}): semclip needs vlm, transform and ste paths")
+        if entry.semclip is not None and not isinstance(entry.semclip.get("bank_images") or "", str):
+            raise LeaderboardError(f"{where} ({entry.name}): semclip.bank_images must be a path (a file of training "
+                                   f"image names, one a line); got {entry.semclip['bank_images']!r}")
         models.append(entry)
     published = [_published(p, f"{path}: published[{i}]") for i, p in enumerate(cfg.get("published") or [])]
     names = [m.name for m in models] + [p.name for p in published]
@@ -574,10 +579,30 @@ def _semclip_scores(entry: ModelEntry, dm, bank: list[str]) -> tuple[torch.Tenso
     return scores, test.caption_image_index, texts, seconds, (vlm_m + trained, trained)
 
 
+def semclip_bank(entry: ModelEntry, train) -> list[str]:
+    """SemCLIP's text bank: the training captions of the test set's DataModule (``train``, its train dataset), or,
+    with ``semclip.bank_images`` (a file of image names, one a line, as a Γ_t's ``caption_images``), only those
+    images' captions: a SemCLIP on N training photos (the scaling curve) tags with what it was trained on."""
+    names_file = entry.semclip.get("bank_images")
+    if not names_file:
+        return _flat_captions(train)
+    try:
+        names = {line.strip() for line in resolve_path(names_file).read_text(encoding="utf-8").splitlines() if line.strip()}
+    except OSError as e:
+        raise LeaderboardError(f"{entry.name}: semclip.bank_images {names_file} cannot be read ({e.strerror}); expected "
+                               "a file of training image names, one a line") from None
+    bank = [c for path, caps in zip(train.image_paths, train.captions) if Path(path).name in names for c in caps]
+    if not bank:
+        raise LeaderboardError(f"{entry.name}: semclip.bank_images {names_file} names none of the test set's "
+                               f"{len(train.image_paths)} training images; expected their file names (e.g. "
+                               f"{Path(train.image_paths[0]).name if len(train.image_paths) else 'name.jpg'})")
+    return bank
+
+
 def evaluate_semclip(entry: ModelEntry, test_set: TestSet, dm, compositional_dm=None) -> dict:
     """SemCLIP's row: its content store on its VLM, queried with every test caption; the bank is the training
-    captions of the test set's DataModule (also for the compositional split)."""
-    bank = _flat_captions(dm.train_dataset)
+    captions of the test set's DataModule (also for the compositional split), or ``semclip.bank_images``' own."""
+    bank = semclip_bank(entry, dm.train_dataset)
     scores, caption_image, texts, seconds, (params, trainable) = _semclip_scores(entry, dm, bank)
     scored = RetrievalScores(scores.float(), caption_image, torch.arange(len(texts)))
     row = _scored_row(scored, texts, test_set.world_meta)

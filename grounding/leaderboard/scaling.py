@@ -56,6 +56,7 @@ from grounding.leaderboard.board import (
     load_leaderboard,
     reference_data,
 )
+from grounding.nets import class_of
 from grounding.paths import resolve_path
 from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
@@ -113,9 +114,9 @@ def fit_command(entry: ModelEntry, photos: int, folder: Path, fit_args: Sequence
 
 
 def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]:
-    """The named suite models of ``board`` (trained by one config; cross-encoders rerank a first stage); else one
-    LeaderboardError."""
-    by_name = {m.name: m for m in board.models if m.semclip is None and not m.ensemble and m.config}
+    """The named models of ``board`` trained by one config (suite models; cross-encoders rerank a first stage) or
+    refit on their VLM by one Γ_t config (SemCLIP rows with a ``config``); else one LeaderboardError."""
+    by_name = {m.name: m for m in board.models if not m.ensemble and m.config}
     for name in models:
         if name not in by_name:
             raise LeaderboardError(f"--models {name}: not a model of {board.source} trained by one config; one of "
@@ -123,15 +124,87 @@ def check_models(board: Leaderboard, models: list[str]) -> dict[str, ModelEntry]
     return by_name
 
 
+def semclip_vlm(board: Leaderboard, entry: ModelEntry) -> str:
+    """The suite row whose run SemCLIP row ``entry`` queries through: ``semclip.vlm`` is ``suite:<ckpt>`` in the
+    run folder of that row's ``ckpt``, a model that reranks nothing; else one LeaderboardError."""
+    spec = entry.semclip["vlm"]
+    if spec.startswith("suite:"):
+        folder = resolve_path(spec.removeprefix("suite:")).parent.parent
+        for m in board.models:
+            if (m.semclip is None and not m.ensemble and m.config and m.ckpt and m.first_stage is None
+                    and resolve_path(m.ckpt).parent.parent == folder):
+                return m.name
+    raise LeaderboardError(f"{entry.name}: its VLM {spec} is the checkpoint of no suite row of {board.source} that "
+                           "reranks nothing, so it cannot be refit at each size; expected semclip.vlm "
+                           "suite:<that row's run folder>/checkpoints/<file>")
+
+
 def with_first_stages(board: Leaderboard, models: list[str]) -> list[str]:
-    """``models`` with the first stage of every cross-encoder among them placed before it (each model once)."""
+    """``models`` with what each needs placed before it (each model once): a cross-encoder's first stage, a SemCLIP
+    row's VLM."""
     by_name = check_models(board, models)
     out: list[str] = []
     for name in models:
-        first = by_name[name].first_stage
+        entry = by_name[name]
+        first = semclip_vlm(board, entry) if entry.semclip is not None else entry.first_stage
         out.extend(n for n in (first, name) if n and n not in out)
     check_models(board, out)
     return out
+
+
+def train_photo_names(config: str, photos: int) -> list[str]:
+    """The file names of the seeded sample of ``photos`` training images that ``config``'s caption DataModule trains
+    on (its ``train_subset``, :func:`subset_override`): the images a SemCLIP at that size may learn from."""
+    try:
+        data = resolved_config(config).get("data") or {}
+    except ConfigError as e:
+        raise LeaderboardError(str(e)) from None
+    cls = class_of(str(data.get("class_path")))
+    init = dict(data.get("init_args") or {})
+    if cls is None or data.get("class_path") == COMPOSER_DATA:
+        raise LeaderboardError(f"{config}: data.class_path {data.get('class_path')!r} is no caption DataModule "
+                               "(a SemCLIP VLM is a dual encoder trained on captions, e.g. data_modules.FlickrDataModule)")
+    try:
+        dm = cls(**{**init, "train_subset": photos})
+        dm.setup()
+        return [Path(p).name for p in dm.train_dataset.image_paths]
+    except Exception as e:  # noqa: BLE001 - the reader's own error, as one line
+        raise LeaderboardError(f"{config}: its training images cannot be listed: {' '.join(str(e).split())[:300]}") \
+            from None
+
+
+def semclip_at(entry: ModelEntry, vlm: ModelEntry | None, vlm_entry: ModelEntry, photos: int, folder: Path,
+               fit: bool, log=print, fit_args: Sequence[str] = ()) -> tuple[ModelEntry | None, str]:
+    """SemCLIP row ``entry`` at ``photos`` training photos: its Γ_t refit (``entry.config``, into ``folder``) on the
+    captions of those photos (``folder/train_photos.txt``, the sample ``vlm_entry``'s config trains on) through
+    ``vlm``, the VLM's run at the same size (None: not made yet); the store's text bank is the same captions.
+    (The entry to test or None, the command that makes it.) With ``fit`` a missing Γ_t is fit; the STE is the
+    row's own (WordNet's: no photos)."""
+    transform, names = folder / "transform.pt", folder / "train_photos.txt"
+    ckpt = vlm.checkpoint() if vlm is not None else None
+    vlm_run = folder.parent.parent / slug(vlm_entry.name) / f"n{photos}"
+    spec = f"suite:{ckpt if ckpt is not None else vlm_run / 'checkpoints' / 'best-<its epoch>.ckpt'}"
+    override = {"data": {"init_args": {"vlm": spec, "caption_images": str(names)}},
+                "model": {"init_args": {"export_path": str(transform)}}}
+    cmd = [sys.executable, "-m", "grounding", "fit", "--config", str(entry.config), "--config",
+           yaml.safe_dump(override, default_flow_style=True, width=10_000).strip(), "--trainer.default_root_dir",
+           str(folder), *fit_args]
+    shown = f"python {shlex.join(cmd[1:])}"
+    if ckpt is None:
+        return None, f"first its VLM, {vlm_entry.name} at {photos} photos (this command with --fit makes it in " \
+                     f"{vlm_run}), then {shown}"
+    if fit and not transform.is_file():
+        if not names.is_file():
+            atomic_write_text(names, "".join(f"{n}\n" for n in train_photo_names(vlm_entry.config, photos)))
+        log(f"{entry.name} @ {photos} photos: fitting Γ_t ({shown})")
+        subprocess.run(cmd, check=True)
+    if not transform.is_file():
+        return None, shown
+    replaced = {str(resolve_path(entry.semclip["vlm"].removeprefix("suite:")).parent.parent),
+                str(resolve_path(entry.semclip["transform"]).parent)}
+    runs = [str(ckpt.parent.parent), *(r for r in entry.runs if str(resolve_path(r)) not in replaced), str(folder)]
+    return replace(entry, name=f"{entry.name} @ {photos}", command=shown, other_seeds=[], runs=runs,
+                   semclip={**entry.semclip, "vlm": spec, "transform": str(transform), "bank_images": str(names)}), shown
 
 
 def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], runs: Path, train_photos: int,
@@ -147,6 +220,7 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
     by_name = check_models(board, models)
     stages = {by_name[m].first_stage for m in models if by_name[m].first_stage}
     out = []
+    made: dict[tuple[str, int], ModelEntry | None] = {}  # the scaled runs planned so far (a SemCLIP's VLM among them)
     for name in models:
         entry = by_name[name]
         # with first_stage="full", a first stage is also needed at the whole split, whatever the sizes asked
@@ -158,6 +232,11 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
                 out.append((name, n, replace(entry, first_stage=stage, other_seeds=[]), entry.command))
                 continue
             folder = runs / slug(name) / f"n{n}"
+            if entry.semclip is not None:  # Γ_t on the N photos' captions, through the VLM's N-photo run
+                vlm = semclip_vlm(board, entry)
+                scaled, shown = semclip_at(entry, made.get((vlm, n)), by_name[vlm], n, folder, fit, log, fit_args)
+                out.append((name, n, scaled, shown))
+                continue
             cmd = fit_command(entry, n, folder, [*scaled_fit_args(entry.config, validations), *fit_args])
             shown = f"python {' '.join(cmd[1:7])} '{cmd[7]}' {' '.join(cmd[8:])}"
             scaled = replace(entry, name=f"{name} @ {n}", ckpt=str(folder / "checkpoints" / "best-*.ckpt"), runs=[],
@@ -169,7 +248,8 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
             elif scaled.checkpoint() is None and fit:
                 log(f"{name} @ {n} photos: fitting ({shown})")
                 subprocess.run(cmd, check=True)
-            out.append((name, n, scaled if scaled.checkpoint() is not None else None, shown))
+            made[(name, n)] = scaled if scaled.checkpoint() is not None else None
+            out.append((name, n, made[(name, n)], shown))
     return out
 
 
