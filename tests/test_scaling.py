@@ -32,6 +32,7 @@ from grounding.leaderboard.scaling import (
     with_first_stages,
 )
 from grounding.paths import EXPERIMENTS_DIR
+from grounding.semclip.alignment import AlignmentTransform, save_transform
 from grounding.training_images import checkpoint_training_keys
 
 
@@ -185,7 +186,7 @@ def test_semclip_at_n_photos_refits_gamma_t_on_its_vlm_at_n_photos(tmp_path):
                                        "model": {"init_args": {"export_path": str(folder / "transform.pt")}}}
     assert args[8:] == ["--trainer.default_root_dir", str(folder)]
     folder.mkdir(parents=True)
-    (folder / "transform.pt").write_bytes(b"x")
+    save_transform(AlignmentTransform(4, 3, 8), folder / "transform.pt", vlm=f"suite:{ckpt}")
     plan = scaling_entries(board, ["SemCLIP"], [750, 6000], runs, 6000, fit=False)
     entry = next(e for name, n, e, _ in plan if (name, n) == ("SemCLIP", 750))
     assert entry.name == "SemCLIP @ 750" and entry.semclip == {
@@ -194,6 +195,15 @@ def test_semclip_at_n_photos_refits_gamma_t_on_its_vlm_at_n_photos(tmp_path):
     assert entry.runs == [str(ckpt.parent.parent), str(tmp_path / "ste"), str(folder)]  # VLM, STE, Γ_t
     whole = next(e for name, n, e, _ in plan if (name, n) == ("SemCLIP", 6000))
     assert whole.semclip == board.models[1].semclip  # the whole split: the leaderboard row as it is
+    # the VLM's run refit since (another best checkpoint, the old one gone): Γ_t is stale, the row says to refit it
+    ckpt.rename(ckpt.with_name("best-epoch009-step20.ckpt"))
+    entry, cmd = scaling_entries(board, ["SemCLIP"], [750], runs, 6000, fit=False)[-1][2:]
+    assert entry is None and cmd.startswith("refit Γ_t through today's DE @ 750: python -m grounding fit")
+    # a VLM run that stopped early is no VLM yet (--fit resumes it first)
+    (ckpt.parent.parent / "fit_record.json").write_text('{"epochs": 2}')
+    (ckpt.parent.parent / "config.yaml").write_text("trainer: {max_epochs: 15}")
+    entry, cmd = scaling_entries(board, ["SemCLIP"], [750], runs, 6000, fit=False)[-1][2:]
+    assert entry is None and cmd.startswith("first its VLM, DE at 750 photos")
 
 
 def test_semclip_bank_keeps_the_named_training_images_captions(tmp_path):

@@ -58,6 +58,7 @@ from grounding.leaderboard.board import (
 )
 from grounding.nets import class_of
 from grounding.paths import resolve_path
+from grounding.semclip.alignment import AlignmentMismatchError, check_fitted_vlm, load_transform
 from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
 
@@ -173,6 +174,20 @@ def train_photo_names(config: str, photos: int) -> list[str]:
             from None
 
 
+def fitted_through(transform: Path, spec: str) -> bool:
+    """Whether Γ_t's file ``transform`` was fitted through the VLM ``spec`` (or records none): not when it records
+    another checkpoint, nor when the suite checkpoint it records is gone (its run was refit since)."""
+    provenance = load_transform(transform)[1]
+    fitted = provenance.get("vlm")
+    if isinstance(fitted, str) and fitted.startswith("suite:") and not resolve_path(fitted.removeprefix("suite:")).is_file():
+        return False
+    try:
+        check_fitted_vlm(provenance, spec, transform)
+    except AlignmentMismatchError:
+        return False
+    return True
+
+
 def semclip_at(entry: ModelEntry, vlm: ModelEntry | None, vlm_entry: ModelEntry, photos: int, folder: Path,
                fit: bool, log=print, fit_args: Sequence[str] = ()) -> tuple[ModelEntry | None, str]:
     """SemCLIP row ``entry`` at ``photos`` training photos: its Γ_t refit (``entry.config``, into ``folder``) on the
@@ -193,6 +208,11 @@ def semclip_at(entry: ModelEntry, vlm: ModelEntry | None, vlm_entry: ModelEntry,
     if ckpt is None:
         return None, f"first its VLM, {vlm_entry.name} at {photos} photos (this command with --fit makes it in " \
                      f"{vlm_run}), then {shown}"
+    if transform.is_file() and not fitted_through(transform, spec):  # its VLM run was refit since: Γ_t is stale
+        if not fit:
+            return None, f"refit Γ_t through today's {vlm_entry.name} @ {photos}: {shown}"
+        log(f"{entry.name} @ {photos} photos: Γ_t {transform} was fitted through another VLM checkpoint: refitting")
+        transform.unlink()
     if fit and not transform.is_file():
         if not names.is_file():
             atomic_write_text(names, "".join(f"{n}\n" for n in train_photo_names(vlm_entry.config, photos)))
@@ -248,8 +268,9 @@ def scaling_entries(board: Leaderboard, models: list[str], photos: list[int], ru
             elif scaled.checkpoint() is None and fit:
                 log(f"{name} @ {n} photos: fitting ({shown})")
                 subprocess.run(cmd, check=True)
-            made[(name, n)] = scaled if scaled.checkpoint() is not None else None
-            out.append((name, n, made[(name, n)], shown))
+            out.append((name, n, scaled if scaled.checkpoint() is not None else None, shown))
+            # a SemCLIP's VLM: a finished run only (a stopped one is resumed above with --fit, else not tested)
+            made[(name, n)] = out[-1][2] if fit_progress(folder) is None else None
     return out
 
 
