@@ -345,7 +345,7 @@ def merge_recorded(rows: list[dict], recorded: list[dict]) -> list[dict]:
 
 def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
     """rsum against training photos (log scale), one line per model, the 95 % intervals as error bars."""
-    fig = Figure(figsize=(6.4, 4.2), dpi=120)
+    fig = Figure(figsize=(9.0, 4.2), dpi=120)
     ax = fig.add_subplot()
     for model in dict.fromkeys(r["model"] for r in rows):
         ok = sorted((r for r in rows if r["model"] == model and r.get("status") == "ok"), key=lambda r: r["photos"])
@@ -363,7 +363,7 @@ def plot_scaling(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("test rsum (of 600), 95 % interval")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # outside: eight lines would hide the points
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png")
