@@ -327,19 +327,24 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 # scored); then the learning curves (PNG) and the test table (mean ± sd over seeds). A run with test metrics is kept.
 # `make composer-compare COMPARE_DATA=flickr8k` on the 753 real photos (hours on 2 CPU cores).
 # COMPARE_ARGS (e.g. a switch of the network for an ablation) go to both the fit and the test. A run with a
-# last.ckpt but no test resumes from it (a stopped comparison continues where it was).
+# last.ckpt but no test resumes from it (a stopped comparison continues where it was). COMPARE_RECORD holds runs of
+# earlier machines: they join the table and are not refit (default: docs/records/composer_compare_<data>.json when it
+# exists, for the default COMPARE_OUT without COMPARE_ARGS); copy $(COMPARE_REPORT)/compare.json over it to keep new runs.
 COMPARE_MODELS ?= composer vilbert vilbert_mvsa
 COMPARE_SEEDS ?= 0 1
 COMPARE_DATA ?= world
 COMPARE_OUT ?= outputs/composer/compare_$(COMPARE_DATA)
 COMPARE_REPORT ?= reports/composer/compare_$(COMPARE_DATA)
 COMPARE_ARGS ?=
+COMPARE_RECORD ?= $(if $(COMPARE_ARGS),,$(if $(filter outputs/composer/compare_$(COMPARE_DATA),$(COMPARE_OUT)),$(wildcard docs/records/composer_compare_$(COMPARE_DATA).json)))
 .PHONY: composer-compare
 composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same schedule, 2 seeds: curves + table
 	$(call world_for,experiments/composer/composer_$(COMPARE_DATA).yaml)
-	@set -e; for seed in $(COMPARE_SEEDS); do for model in $(COMPARE_MODELS); do \
+	@set -e; recorded="$(if $(COMPARE_RECORD),$$($(PY) -m grounding.composer.compare $(addprefix --recorded ,$(COMPARE_RECORD)) --list-tested))"; \
+	for seed in $(COMPARE_SEEDS); do for model in $(COMPARE_MODELS); do \
 	  cfg=experiments/composer/$${model}_$(COMPARE_DATA).yaml; run=$(COMPARE_OUT)/$${model}_s$$seed; \
 	  if grep -qs "test/rsum" $$run/csv/version_*/metrics.csv; then echo "$$run: tested, kept"; continue; fi; \
+	  if echo "$$recorded" | grep -qx "$${model}_s$$seed"; then echo "$${model}_s$$seed: tested in $(COMPARE_RECORD), kept"; continue; fi; \
 	  start="--overwrite true"; if [ -f $$run/checkpoints/last.ckpt ]; then start="--ckpt_path $$run/checkpoints/last.ckpt"; fi; \
 	  echo "== $$model seed $$seed -> $$run ($$start)"; \
 	  $(CLI) fit --config $$cfg --config experiments/trainer/csv_logger.yaml --seed_everything $$seed \
@@ -348,7 +353,7 @@ composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same 
 	  $(CLI) test --config $$cfg --config experiments/trainer/csv_logger.yaml --trainer.default_root_dir $$run \
 	    --ckpt_path $$run/checkpoints/last.ckpt $(COMPARE_ARGS); \
 	done; done
-	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT)
+	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT) $(addprefix --recorded ,$(COMPARE_RECORD))
 
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
 # .png). The demo's models are made by `make demo` when missing, then VSE, then COMPOSER and its cross-encoder baselines

@@ -34,6 +34,7 @@ from grounding.feature_cache import FeatureCache
 from grounding.nets import as_net, net_spec
 from grounding.training_images import TrainingImages
 from grounding.utils.io import atomic_write_json
+from grounding.utils.provenance import source_commit
 
 FIT_RECORD = "fit_record.json"
 
@@ -122,7 +123,8 @@ class FitRecord(Callback):
     (alone, when no LastCheckpoint holds it), so a failed checkpoint write leaves the record at the checkpoint's
     epoch. A resumed fit (``--ckpt_path``) continues the record: segments
     from the restored epoch on are dropped (a resume from an earlier checkpoint retrains them) and a new one
-    added; a fresh fit starts a new record, written when its first epoch ends. The leaderboard reads it for its training-time
+    added (each segment names the checkout's commit it ran at); a fresh fit starts a new record, written when its first
+    epoch ends. The leaderboard reads it for its training-time
     column. Only global rank 0 writes."""
 
     def __init__(self):
@@ -145,6 +147,7 @@ class FitRecord(Callback):
             except (OSError, ValueError, AttributeError, TypeError, KeyError):
                 self.segments = []
         self.segments.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              "commit": source_commit() if trainer.is_global_zero else None,
                               "first_epoch": first, "first_step": step, "seconds": 0.0, "epochs": 0, "steps": step})
         # written at the first epoch's end, with the first checkpoint: a fit that fails before leaves the folder's
         # earlier record as it was

@@ -122,7 +122,9 @@ def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
         rows = ["epoch,step,train/t2i_r1,train/loss", "0,4,,1.3", f"0,9,{r1[0]},", "1,14,,1.1", f"1,19,{r1[1]},"]
         (fit / "metrics.csv").write_text("\n".join(rows) + "\n")
         (test / "metrics.csv").write_text(f"epoch,step,test/rsum,test/t2i_r1\n0,0,{rsum},{rsum / 10}\n")
-    table = compare(tmp_path, tmp_path / "report")
+    (tmp_path / "composer_s0" / "fit_record.json").write_text(
+        '{"seconds": 600.0, "epochs": 2, "segments": [{"commit": "abc1234"}, {"commit": "def5678-dirty"}]}')
+    table = compare(tmp_path, tmp_path / "report")["models"]
     assert table["composer"]["rsum"]["seeds"] == [300.0, 320.0]
     assert table["composer"]["rsum"]["mean"] == 310.0 and table["composer"]["rsum"]["sd"] == pytest.approx(14.142, abs=1e-3)
     assert table["vilbert"]["t2i R@1"]["mean"] == 25.0
@@ -135,6 +137,50 @@ def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
     (resumed / "metrics.csv").write_text("epoch,step,train/t2i_r1\n1,19,31.0\n2,24,40.0\n")
     assert read_curve(tmp_path / "composer_s0") == ([1, 2, 3], [10.0, 31.0, 40.0])
     assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_compare_merges_recorded_runs(tmp_path, capsys):
+    """A comparison that spans machines: the committed record's runs join the table, a run folder found again
+    replaces its recorded run only when tested, and ``--list-tested`` names what make need not refit."""
+    from grounding.composer.compare import compare, main
+
+    def run(root, name, rsum=None, r1=(10.0, 20.0), seconds=120.0):
+        fit = root / name / "csv" / "version_0"
+        fit.mkdir(parents=True)
+        rows = ["epoch,step,train/t2i_r1,val/rsum", f"0,4,{r1[0]},", f"1,9,{r1[1]},", "1,9,,150.5"]
+        (fit / "metrics.csv").write_text("\n".join(rows) + "\n")
+        (root / name / "fit_record.json").write_text(
+            f'{{"seconds": {seconds}, "epochs": 2, "segments": [{{"commit": "c0ffee1"}}]}}')
+        if rsum is not None:
+            (root / name / "csv" / "version_1").mkdir()
+            (root / name / "csv" / "version_1" / "metrics.csv").write_text(f"epoch,step,test/rsum\n0,0,{rsum}\n")
+
+    first = tmp_path / "machine1"
+    run(first, "composer_s0", rsum=300.0)
+    run(first, "vilbert_s0", rsum=250.0)
+    record = compare(first, tmp_path / "r1")
+    assert record["runs"]["composer_s0"]["commits"] == ["c0ffee1"] and record["runs"]["composer_s0"]["train_minutes"] == 2.0
+    assert record["runs"]["composer_s0"]["dev_rsum"] == 150.5 and record["runs"]["composer_s0"]["dev_epoch"] == 2
+    kept = tmp_path / "record.json"
+    kept.write_text((tmp_path / "r1" / "compare.json").read_text())
+    second = tmp_path / "machine2"  # composer_s0's folder is gone; vilbert_s0 is refit but not yet tested
+    run(second, "composer_s1", rsum=320.0)
+    run(second, "vilbert_s0", rsum=None)
+    merged = compare(second, tmp_path / "r2", [kept])
+    assert merged["models"]["composer"]["rsum"]["seeds"] == [300.0, 320.0]
+    assert merged["models"]["vilbert"]["rsum"]["seeds"] == [250.0]  # the untested folder does not hide the record
+    assert merged["runs"]["composer_s0"]["recorded_in"] == str(kept) and "recorded_in" not in merged["runs"]["composer_s1"]
+    assert "| composer_s0 | 300.0 | – | 20.0 | 150.5 (2) | 2 | 2.0 | c0ffee1 (recorded) |" in (
+        tmp_path / "r2" / "compare.md").read_text()
+    run(tmp_path / "machine3", "vilbert_s0", rsum=260.0)
+    assert compare(tmp_path / "machine3", tmp_path / "r3", [kept])["models"]["vilbert"]["rsum"]["seeds"] == [260.0]
+    capsys.readouterr()
+    assert main(["--recorded", str(kept), "--list-tested"]) == 0
+    assert capsys.readouterr().out.split() == ["composer_s0", "vilbert_s0"]
+    assert main(["--recorded", str(kept), "--out", str(tmp_path / "r4")]) == 0  # the record alone redraws the table
+    (tmp_path / "bad.json").write_text('{"composer_s0": {}}')
+    assert main(["--recorded", str(tmp_path / "bad.json"), "--list-tested"]) == 2
+    assert "not a compare.json" in capsys.readouterr().err
 
 
 def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):

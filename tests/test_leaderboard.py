@@ -229,9 +229,12 @@ def test_fit_record_segments_fresh_and_resumed(tmp_path):
             rec.on_train_epoch_end(trainer(epoch, ckpt), None)
         return json.loads((tmp_path / FIT_RECORD).read_text())
 
+    from grounding.utils.provenance import source_commit
+
     assert run(0, 3)["epochs"] == 4  # a fresh fit of epochs 0-3
     resumed = run(4, 5, ckpt="last.ckpt")  # resumed after epoch 3: a second segment
     assert resumed["epochs"] == 6 and [s["first_epoch"] for s in resumed["segments"]] == [0, 4]
+    assert [s["commit"] for s in resumed["segments"]] == [source_commit()] * 2  # each segment names its checkout
     earlier = run(2, 5, ckpt="epoch1.ckpt")  # resumed from epoch 1's checkpoint: epochs 2-5 retrained
     assert earlier["epochs"] == 6 and [(s["first_epoch"], s["epochs"]) for s in earlier["segments"]] == [(0, 2), (2, 4)]
     assert run(0, 0)["epochs"] == 1 and len(json.loads((tmp_path / FIT_RECORD).read_text())["segments"]) == 1  # fresh

@@ -4,21 +4,31 @@
 
 Reads every run folder ``<model>_s<seed>`` under ``--runs`` (as ``make composer-compare`` writes them: a fit with the
 CSV logger and ``train_recall_images`` set, then ``test`` with the CSV logger): its ``csv/version_*/metrics.csv``
-(``train/t2i_r1`` every epoch; the test metrics). Writes ``learning_curves.png`` (train text→image R@1 against epoch, one line per
-run, one colour per model) and ``compare.md`` / ``compare.json`` (per model: mean ± sd over seeds of test rsum, t2i
-R@1, phrase R@1 and compositional R@1, with every seed's value).
+(``train/t2i_r1`` every epoch; the last ``val/rsum``; the test metrics) and ``fit_record.json`` (epochs, training
+wall time, the commit of each fit segment). Writes ``learning_curves.png`` (train text→image R@1 against epoch, one
+line per run, one colour per model) and ``compare.md`` / ``compare.json`` (per model: mean ± sd over seeds of test
+rsum, t2i / i2t R@1, phrase R@1 and compositional R@1, with every seed's value; then one row per run).
+
+Run folders do not always outlive the machine that made them, and a paper-schedule comparison takes several sessions,
+so ``--recorded FILE`` (repeatable) merges the runs of an earlier ``compare.json`` (e.g. the committed
+``docs/records/composer_compare_flickr8k.json``): a run folder found under ``--runs`` replaces the recorded run of
+the same name when it is tested (or the recorded one is not). Merged runs carry ``recorded_in``. Copy the merged
+``compare.json`` over the record to keep new runs; ``--list-tested`` only prints the recorded runs that hold test
+metrics, which ``make composer-compare`` then skips.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from grounding.lightning import FIT_RECORD
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
 RUN = re.compile(r"^(?P<model>.+)_s(?P<seed>\d+)$")
@@ -56,54 +66,130 @@ def read_test(run: Path) -> dict[str, float]:
     return {}
 
 
-def compare(runs_dir: Path, out: Path) -> dict:
-    runs: dict[str, list[Path]] = {}
-    for run in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
-        m = RUN.match(run.name)
-        if m:
-            runs.setdefault(m["model"], []).append(run)
+def read_run(run: Path) -> dict:
+    """One run folder as a record: its model and seed (from the name), train R@1 curve, test metrics, last dev
+    rsum, and from ``fit_record.json`` its epochs, training minutes and the commits its fit ran at."""
+    m = RUN.match(run.name)
+    epochs, values = read_curve(run)
+    dev_epochs, dev = read_curve(run, "val/rsum")
+    try:
+        fit = json.loads((run / FIT_RECORD).read_text(encoding="utf-8"))
+        minutes, trained = round(float(fit["seconds"]) / 60, 1), int(fit["epochs"])
+        commits = list(dict.fromkeys(s["commit"] for s in fit.get("segments", []) if s.get("commit")))
+    except (OSError, ValueError, KeyError, TypeError):
+        minutes, trained, commits = None, None, []
+    return {"model": m["model"], "seed": int(m["seed"]), "curve": {"epochs": epochs, "train/t2i_r1": values},
+            "test": read_test(run), "dev_rsum": dev[-1] if dev else None, "dev_epoch": dev_epochs[-1] if dev else None,
+            "epochs": trained, "train_minutes": minutes, "commits": commits}
+
+
+def read_recorded(path: Path) -> dict[str, dict]:
+    """The runs of an earlier ``compare.json``, each marked ``recorded_in``; a file that is not such a record is one
+    ValueError naming what was expected."""
+    try:
+        runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
+        for name, r in runs.items():
+            if not RUN.match(name) or not isinstance(r["test"], dict):
+                raise ValueError(f"run {name!r}")
+            str(r["model"]), int(r["seed"]), list(r["curve"]["epochs"]), list(r["curve"]["train/t2i_r1"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--recorded {path}: not a compare.json this command wrote ({type(e).__name__}: {e}); expected "
+                         '{"runs": {"<model>_s<seed>": {"model", "seed", "curve", "test", ...}}}') from None
+    return {name: {**r, "recorded_in": r.get("recorded_in") or str(path)} for name, r in runs.items()}
+
+
+def merge_runs(found: dict[str, dict], recorded: dict[str, dict]) -> dict[str, dict]:
+    """The recorded runs with the found ones over them: a found run replaces a recorded one of its name when it is
+    tested or the recorded one is not (an untested folder never hides a recorded test). Sorted by model, then seed."""
+    merged = dict(recorded)
+    for name, run in found.items():
+        if name not in merged or run["test"] or not merged[name]["test"]:
+            merged[name] = run
+    return dict(sorted(merged.items(), key=lambda kv: (kv[1]["model"], kv[1]["seed"])))
+
+
+def _mean_sd(values: list[float]) -> dict:
+    return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "seeds": values}
+
+
+def compare(runs_dir: Path | None, out: Path, recorded: list[Path] = ()) -> dict:
+    """Reads the run folders under ``runs_dir`` (None or missing: none) and merges the ``recorded`` files' runs;
+    writes ``compare.json`` / ``compare.md`` / ``learning_curves.png`` to ``out`` and returns the JSON's content:
+    ``{"models": {model: {"runs", column: {mean, sd, seeds}}}, "runs": {name: record}}``."""
+    found = {}
+    if runs_dir is not None and runs_dir.is_dir():
+        found = {run.name: read_run(run) for run in sorted(runs_dir.iterdir()) if run.is_dir() and RUN.match(run.name)}
+    older: dict[str, dict] = {}
+    for path in recorded:
+        older.update(read_recorded(path))
+    runs = merge_runs(found, older)
     if not runs:
         raise FileNotFoundError(f"{runs_dir}: no run folders named <model>_s<seed>; run `make composer-compare` first")
-    table = {}
-    for model, folders in runs.items():
-        tests = [read_test(f) for f in folders]
-        row = {}
-        for name, key in COLUMNS.items():
-            values = [t[key] for t in tests if key in t]
+    models: dict[str, dict] = {}
+    for name, run in runs.items():
+        models.setdefault(run["model"], {"runs": []})["runs"].append(name)
+    for row in models.values():
+        tested = [runs[n] for n in row["runs"]]
+        for column, key in COLUMNS.items():
+            values = [r["test"][key] for r in tested if key in r["test"]]
             if values:
-                row[name] = {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-                             "seeds": values}
-        table[model] = {"runs": [f.name for f in folders], **row}
+                row[column] = _mean_sd(values)
+        dev = [r["dev_rsum"] for r in tested if r.get("dev_rsum") is not None]
+        if dev:
+            row["dev rsum"] = _mean_sd(dev)
+    report = {"models": models, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "compare.json", table, indent=2)
-    header = "| model | seeds | " + " | ".join(COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
-    for model, row in table.items():
-        cells = [f"{row[c]['mean']:.1f} ± {row[c]['sd']:.1f}" if c in row else "–" for c in COLUMNS]
-        lines.append(f"| {model} | {len(row['runs'])} | " + " | ".join(cells) + " |")
-    atomic_write_text(out / "compare.md", "\n".join(lines) + "\n")
+    atomic_write_json(out / "compare.json", report, indent=2)
+    atomic_write_text(out / "compare.md", _markdown(report))
     _plot(runs, out / "learning_curves.png")
-    return table
+    return report
 
 
-def _plot(runs: dict[str, list[Path]], path: Path) -> None:
+def _markdown(report: dict) -> str:
+    columns = [*COLUMNS, "dev rsum"]
+    lines = ["| model | seeds | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 2)]
+    for model, row in report["models"].items():
+        cells = [f"{row[c]['mean']:.1f} ± {row[c]['sd']:.1f}" if c in row else "–" for c in columns]
+        lines.append(f"| {model} | {len(row['runs'])} | " + " | ".join(cells) + " |")
+    lines += ["", "| run | test rsum | comp. R@1 | last train t2i R@1 | dev rsum (epoch) | epochs | train min | commit |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def cell(value, fmt="{:.1f}"):
+        return "–" if value is None else fmt.format(value)
+
+    for name, r in report["runs"].items():
+        curve = r["curve"]["train/t2i_r1"]
+        dev = "–" if r.get("dev_rsum") is None else f"{r['dev_rsum']:.1f} ({r['dev_epoch']})"
+        commit = ", ".join(r.get("commits") or []) or "–"
+        lines.append(f"| {name} | {cell(r['test'].get('test/rsum'))} | {cell(r['test'].get(COLUMNS['comp. R@1']))} | "
+                     f"{cell(curve[-1] if curve else None)} | {dev} | {cell(r.get('epochs'), '{}')} | "
+                     f"{cell(r.get('train_minutes'))} | {commit}{' (recorded)' if r.get('recorded_in') else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for colour, (model, folders) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
-        for i, run in enumerate(folders):
-            epochs, values = read_curve(run)
-            if epochs:
-                ax.plot(epochs, values, color=colour, marker="o", ms=3, alpha=0.9 if i == 0 else 0.55,
-                        label=model if i == 0 else None)
+    colours = dict(zip(dict.fromkeys(r["model"] for r in runs.values()), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    labelled = set()
+    for run in runs.values():
+        epochs, values = run["curve"]["epochs"], run["curve"]["train/t2i_r1"]
+        if epochs:
+            first = run["model"] not in labelled
+            labelled.add(run["model"])
+            ax.plot(epochs, values, color=colours[run["model"]], marker="o", ms=3, alpha=0.9 if first else 0.55,
+                    label=run["model"] if first else None)
     ax.set_xlabel("epoch")
     ax.set_ylabel("train text→image R@1 (%)")
     ax.set_title("Fitting the training data (one line per seed)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if labelled:
+        ax.legend()
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=120)
@@ -113,15 +199,32 @@ def _plot(runs: dict[str, list[Path]], path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grounding.composer.compare", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", required=True, help="folder of <model>_s<seed> run folders")
-    parser.add_argument("--out", required=True, help="report folder (learning_curves.png, compare.md, compare.json)")
+    parser.add_argument("--runs", help="folder of <model>_s<seed> run folders")
+    parser.add_argument("--out", help="report folder (learning_curves.png, compare.md, compare.json)")
+    parser.add_argument("--recorded", action="append", default=[], metavar="FILE",
+                        help="an earlier compare.json whose runs join the table (repeatable)")
+    parser.add_argument("--list-tested", action="store_true",
+                        help="only print the names of the --recorded runs that hold test metrics, one a line")
     args = parser.parse_args(argv)
-    runs = Path(args.runs)
-    if not runs.is_dir():
-        print(f"error: --runs {runs} is not a folder; run `make composer-compare` first", file=sys.stderr)
+    try:
+        recorded = {}
+        for path in args.recorded:
+            recorded.update(read_recorded(Path(path)))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.list_tested:
+        print("\n".join(name for name, run in recorded.items() if run["test"]))
+        return 0
+    if not args.out:
+        parser.error("--out is required (unless --list-tested)")
+    runs = Path(args.runs) if args.runs else None
+    if not args.recorded and (runs is None or not runs.is_dir()):
+        print(f"error: --runs {runs} is not a folder; run `make composer-compare` first (or give --recorded FILE)",
+              file=sys.stderr)
         return 2
     try:
-        compare(runs, Path(args.out))
+        compare(runs, Path(args.out), [Path(p) for p in args.recorded])
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -61,6 +61,7 @@ from grounding.paths import resolve_path
 from grounding.semclip.alignment import AlignmentMismatchError, check_fitted_vlm, load_transform
 from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text
+from grounding.utils.provenance import source_commit
 
 COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "first_stage", "train_minutes", "epochs",
            "status", "command", "commit", "recorded_in")
@@ -304,16 +305,6 @@ def run_scaling(board: Leaderboard, models: list[str], photos: list[int], runs: 
         else:
             rows.append({**base, **{k: row.get(k) for k in COLUMNS if k not in base}})
     return rows
-
-
-def source_commit() -> str | None:
-    """The checkout's commit (short hash, ``-dirty`` with uncommitted changes), or None outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def read_recorded(path: Path) -> list[dict]:
