@@ -178,9 +178,10 @@ def test_compare_merges_recorded_runs(tmp_path, capsys):
     assert main(["--recorded", str(kept), "--list-tested"]) == 0
     assert capsys.readouterr().out.split() == ["composer_s0", "vilbert_s0"]
     assert main(["--recorded", str(kept), "--out", str(tmp_path / "r4")]) == 0  # the record alone redraws the table
-    (tmp_path / "bad.json").write_text('{"composer_s0": {}}')
-    assert main(["--recorded", str(tmp_path / "bad.json"), "--list-tested"]) == 2
-    assert "not a compare.json" in capsys.readouterr().err
+    for bad in ('{"composer_s0": {}}', '{"runs": []}', '[1]'):
+        (tmp_path / "bad.json").write_text(bad)
+        assert main(["--recorded", str(tmp_path / "bad.json"), "--list-tested"]) == 2
+        assert "not a compare.json" in capsys.readouterr().err
 
 
 def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):

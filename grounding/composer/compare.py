@@ -92,7 +92,7 @@ def read_recorded(path: Path) -> dict[str, dict]:
             if not RUN.match(name) or not isinstance(r["test"], dict):
                 raise ValueError(f"run {name!r}")
             str(r["model"]), int(r["seed"]), list(r["curve"]["epochs"]), list(r["curve"]["train/t2i_r1"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"--recorded {path}: not a compare.json this command wrote ({type(e).__name__}: {e}); expected "
                          '{"runs": {"<model>_s<seed>": {"model", "seed", "curve", "test", ...}}}') from None
     return {name: {**r, "recorded_in": r.get("recorded_in") or str(path)} for name, r in runs.items()}
