@@ -173,6 +173,7 @@ def _plot(runs: dict[str, dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colours = dict(zip(dict.fromkeys(r["model"] for r in runs.values()), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
@@ -185,6 +186,7 @@ def _plot(runs: dict[str, dict], path: Path) -> None:
             ax.plot(epochs, values, color=colours[run["model"]], marker="o", ms=3, alpha=0.9 if first else 0.55,
                     label=run["model"] if first else None)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("train text→image R@1 (%)")
     ax.set_title("Fitting the training data (one line per seed)")
     ax.grid(alpha=0.3)
