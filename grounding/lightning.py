@@ -38,6 +38,18 @@ from grounding.utils.provenance import source_commit
 
 FIT_RECORD = "fit_record.json"
 
+
+def read_fit_record(run: str | os.PathLike) -> dict | None:
+    """A run folder's ``fit_record.json`` (see :class:`FitRecord`) with ``epochs`` an int and ``seconds`` a float (None
+    when it records none); None when the folder has none or it does not parse."""
+    try:
+        record = json.loads((Path(run) / FIT_RECORD).read_text(encoding="utf-8"))
+        seconds = record.get("seconds")
+        return {**record, "epochs": int(record["epochs"]), "seconds": None if seconds is None else float(seconds)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 LRSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grounding.lightning import FIT_RECORD
+from grounding.lightning import read_fit_record
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
 RUN = re.compile(r"^(?P<model>.+)_s(?P<seed>\d+)$")
@@ -72,12 +72,12 @@ def read_run(run: Path) -> dict:
     m = RUN.match(run.name)
     epochs, values = read_curve(run)
     dev_epochs, dev = read_curve(run, "val/rsum")
-    try:
-        fit = json.loads((run / FIT_RECORD).read_text(encoding="utf-8"))
-        minutes, trained = round(float(fit["seconds"]) / 60, 1), int(fit["epochs"])
-        commits = list(dict.fromkeys(s["commit"] for s in fit.get("segments", []) if s.get("commit")))
-    except (OSError, ValueError, KeyError, TypeError):
-        minutes, trained, commits = None, None, []
+    fit = read_fit_record(run)
+    minutes, trained, commits = None, None, []
+    if fit is not None:
+        minutes = None if fit["seconds"] is None else round(fit["seconds"] / 60, 1)
+        trained = fit["epochs"]
+        commits = list(dict.fromkeys(s["commit"] for s in fit.get("segments") or [] if isinstance(s, dict) and s.get("commit")))
     return {"model": m["model"], "seed": int(m["seed"]), "curve": {"epochs": epochs, "train/t2i_r1": values},
             "test": read_test(run), "dev_rsum": dev[-1] if dev else None, "dev_epoch": dev_epochs[-1] if dev else None,
             "epochs": trained, "train_minutes": minutes, "commits": commits}

@@ -74,7 +74,7 @@ from grounding.composer.data import held_out_pair_mask
 from grounding.errors import UserInputError
 from grounding.leaderboard.graded import GradedSplitError, Selection, restrict, select, split_result, write_graded
 from grounding.leaderboard.splits import SplitEvalError, SplitFile, find_splits
-from grounding.lightning import FIT_RECORD
+from grounding.lightning import read_fit_record
 from grounding.nets import class_of
 from grounding.paths import resolve_path
 from grounding.retrieval_metrics import (
@@ -169,8 +169,11 @@ class ModelEntry:
 def fit_progress(run: Path) -> tuple[int, int] | None:
     """(epochs trained, max_epochs) of a run folder whose ``fit_record.json`` records fewer epochs than its
     ``config.yaml`` asks for; None when the fit finished, or when either file does not say."""
+    record = read_fit_record(run)
+    if record is None:
+        return None
+    epochs = record["epochs"]
     try:
-        epochs = int(json.loads((run / FIT_RECORD).read_text(encoding="utf-8"))["epochs"])
         max_epochs = int(((yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {})
                           .get("trainer") or {}).get("max_epochs"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
@@ -429,12 +432,11 @@ def _fit_records(entry: ModelEntry) -> tuple[float | None, int | None]:
     """Training minutes (summed over the run folders) and the last folder's epochs; None when unrecorded."""
     seconds, epochs = 0.0, None
     for folder in entry.run_folders():
-        try:
-            record = json.loads((folder / FIT_RECORD).read_text(encoding="utf-8"))
-            seconds += float(record["seconds"])
-            epochs = int(record["epochs"])
-        except (OSError, ValueError, KeyError, TypeError):
+        record = read_fit_record(folder)
+        if record is None or record["seconds"] is None:
             return None, None
+        seconds += record["seconds"]
+        epochs = record["epochs"]
     return seconds / 60.0, epochs
 
 
