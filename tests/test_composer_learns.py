@@ -137,6 +137,19 @@ def test_compare_reads_curves_and_tests_of_every_seed(tmp_path):
     (resumed / "metrics.csv").write_text("epoch,step,train/t2i_r1\n1,19,31.0\n2,24,40.0\n")
     assert read_curve(tmp_path / "composer_s0") == ([1, 2, 3], [10.0, 31.0, 40.0])
     assert main(["--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    # the compositional column: the world's held-out-pair R@1 of the run's own test, or, when the run was also tested
+    # on an MCD split into <run>/compositional (make's COMPARE_MCD), that split's text→image R@1
+    (tmp_path / "vilbert_s0" / "csv" / "version_1" / "metrics.csv").write_text(
+        "epoch,step,test/rsum,test/t2i_r1,test/compositional/t2i_r1\n0,0,250.0,25.0,12.5\n")
+    assert compare(tmp_path, tmp_path / "report")["models"]["vilbert"]["comp. R@1"]["seeds"] == [12.5]
+    mcd = tmp_path / "vilbert_s0" / "compositional" / "csv" / "version_0"
+    mcd.mkdir(parents=True)
+    (mcd / "metrics.csv").write_text("epoch,step,test/rsum,test/t2i_r1\n0,0,180.0,22.0\n")
+    report = compare(tmp_path, tmp_path / "report")
+    assert report["models"]["vilbert"]["comp. R@1"]["seeds"] == [22.0]
+    assert report["models"]["vilbert"]["rsum"]["seeds"] == [250.0]  # the MCD test is not the run's test
+    assert report["runs"]["vilbert_s0"]["mcd_test"]["test/rsum"] == 180.0 and report["runs"]["composer_s1"]["mcd_test"] == {}
+    assert "| vilbert_s0 | 250.0 | 22.0 |" in (tmp_path / "report" / "compare.md").read_text()
 
 
 def test_compare_merges_recorded_runs(tmp_path, capsys):

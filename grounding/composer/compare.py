@@ -4,10 +4,13 @@
 
 Reads every run folder ``<model>_s<seed>`` under ``--runs`` (as ``make composer-compare`` writes them: a fit with the
 CSV logger and ``train_recall_images`` set, then ``test`` with the CSV logger): its ``csv/version_*/metrics.csv``
-(``train/t2i_r1`` every epoch; the last ``val/rsum``; the test metrics) and ``fit_record.json`` (epochs, training
-wall time, the commit of each fit segment). Writes ``learning_curves.png`` (train text→image R@1 against epoch, one
-line per run, one colour per model) and ``compare.md`` / ``compare.json`` (per model: mean ± sd over seeds of test
-rsum, t2i / i2t R@1, phrase R@1 and compositional R@1, with every seed's value; then one row per run).
+(``train/t2i_r1`` every epoch; the last ``val/rsum``; the test metrics), the test metrics of ``<run>/compositional``
+when the run was also tested on an MCD split there (``make composer-compare``'s ``COMPARE_MCD``; its text→image R@1
+is then the compositional column, else the world's held-out-pair captions' ``test/compositional/t2i_r1``) and
+``fit_record.json`` (epochs, training wall time, the commit of each fit segment). Writes ``learning_curves.png``
+(train text→image R@1 against epoch, one line per run, one colour per model) and ``compare.md`` / ``compare.json``
+(per model: mean ± sd over seeds of test rsum, t2i / i2t R@1, phrase R@1 and compositional R@1, with every seed's
+value; then one row per run).
 
 Run folders do not always outlive the machine that made them, and a paper-schedule comparison takes several sessions,
 so ``--recorded FILE`` (repeatable) merges the runs of an earlier ``compare.json`` (e.g. the committed
@@ -34,6 +37,15 @@ from grounding.utils.io import atomic_write_json, atomic_write_text
 RUN = re.compile(r"^(?P<model>.+)_s(?P<seed>\d+)$")
 COLUMNS = {"rsum": "test/rsum", "t2i R@1": "test/t2i_r1", "i2t R@1": "test/i2t_r1", "phrase R@1": "test/phrase_r1",
            "comp. R@1": "test/compositional/t2i_r1"}
+MCD_FOLDER = "compositional"  # <run>/compositional: the run's checkpoint tested on an MCD split (make's COMPARE_MCD)
+
+
+def column_value(run: dict, column: str) -> float | None:
+    """A run record's value of a table column; the compositional column is the MCD split's text→image R@1 when the
+    run was tested on one, else the world's held-out-pair captions' R@1 of its own test."""
+    if column == "comp. R@1" and (run.get("mcd_test") or {}).get("test/t2i_r1") is not None:
+        return run["mcd_test"]["test/t2i_r1"]
+    return run["test"].get(COLUMNS[column])
 
 
 def _csv_rows(run: Path) -> list[list[dict]]:
@@ -67,8 +79,9 @@ def read_test(run: Path) -> dict[str, float]:
 
 
 def read_run(run: Path) -> dict:
-    """One run folder as a record: its model and seed (from the name), train R@1 curve, test metrics, last dev
-    rsum, and from ``fit_record.json`` its epochs, training minutes and the commits its fit ran at."""
+    """One run folder as a record: its model and seed (from the name), train R@1 curve, test metrics, the MCD split's
+    test metrics (``mcd_test``; empty without one), last dev rsum, and from ``fit_record.json`` its epochs, training
+    minutes and the commits its fit ran at."""
     m = RUN.match(run.name)
     epochs, values = read_curve(run)
     dev_epochs, dev = read_curve(run, "val/rsum")
@@ -79,7 +92,8 @@ def read_run(run: Path) -> dict:
         trained = fit["epochs"]
         commits = list(dict.fromkeys(s["commit"] for s in fit.get("segments") or [] if isinstance(s, dict) and s.get("commit")))
     return {"model": m["model"], "seed": int(m["seed"]), "curve": {"epochs": epochs, "train/t2i_r1": values},
-            "test": read_test(run), "dev_rsum": dev[-1] if dev else None, "dev_epoch": dev_epochs[-1] if dev else None,
+            "test": read_test(run), "mcd_test": read_test(run / MCD_FOLDER), "dev_rsum": dev[-1] if dev else None,
+            "dev_epoch": dev_epochs[-1] if dev else None,
             "epochs": trained, "train_minutes": minutes, "commits": commits}
 
 
@@ -131,8 +145,8 @@ def compare(runs_dir: Path | None, out: Path, recorded: list[Path] = ()) -> dict
         models.setdefault(run["model"], {"runs": []})["runs"].append(name)
     for row in models.values():
         tested = [runs[n] for n in row["runs"]]
-        for column, key in COLUMNS.items():
-            values = [r["test"][key] for r in tested if key in r["test"]]
+        for column in COLUMNS:
+            values = [v for v in (column_value(r, column) for r in tested) if v is not None]
             if values:
                 row[column] = _mean_sd(values)
         dev = [r["dev_rsum"] for r in tested if r.get("dev_rsum") is not None]
@@ -162,7 +176,7 @@ def _markdown(report: dict) -> str:
         curve = r["curve"]["train/t2i_r1"]
         dev = "–" if r.get("dev_rsum") is None else f"{r['dev_rsum']:.1f} ({r['dev_epoch']})"
         commit = ", ".join(r.get("commits") or []) or "–"
-        lines.append(f"| {name} | {cell(r['test'].get('test/rsum'))} | {cell(r['test'].get(COLUMNS['comp. R@1']))} | "
+        lines.append(f"| {name} | {cell(r['test'].get('test/rsum'))} | {cell(column_value(r, 'comp. R@1'))} | "
                      f"{cell(curve[-1] if curve else None)} | {dev} | {cell(r.get('epochs'), '{}')} | "
                      f"{cell(r.get('train_minutes'))} | {commit}{' (recorded)' if r.get('recorded_in') else ''} |")
     return "\n".join(lines) + "\n"
