@@ -25,13 +25,10 @@ def heading_anchors(path: Path) -> set[str]:
     return anchors
 
 
-def test_heading_anchors_follow_github():
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        page = Path(tmp) / "page.md"
-        page.write_text("# The model's loss (Eq. 3)\n## Setup\n```\n# not a heading\n```\n## Setup\n### [link](x.md) text\n")
-        assert heading_anchors(page) == {"the-models-loss-eq-3", "setup", "setup-1", "link-text"}
+def test_heading_anchors_follow_github(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# The model's loss (Eq. 3)\n## Setup\n```\n# not a heading\n```\n## Setup\n### [link](x.md) text\n")
+    assert heading_anchors(page) == {"the-models-loss-eq-3", "setup", "setup-1", "link-text"}
 
 
 def test_readme_and_docs_links_resolve():
