@@ -14,7 +14,9 @@ columns extrapolate the config's own schedule (its ``max_epochs``, every caption
 training photos at this step time: the paper-schedule training time on all of Flickr8k on this machine. Each config
 runs with its text encoder padded and on real tokens only (``packed_tokens``; ``--packed``), one fit after the other
 (so their ratio moves with the machine's load); then COMPOSER's Predicate Transformer alone on the same templates,
-padded against real tokens only, interleaved (a ratio that holds under load). ``--precision both``: each config also
+padded against real tokens only, interleaved (a ratio that holds under load); and ViLBERT + MVSA's losses (ℓ_match's 4
+pairs a caption, ℓ_MVSA's 3 a concept text) with the cross-encoder's pairs in one group cut to the longest text
+against ``length_groups`` 8 groups of similar length, interleaved. ``--precision both``: each config also
 under Lightning's ``bf16-mixed`` (autocast; on a CPU with AVX512-BF16 or AMX, oneDNN runs the matrix products in
 bfloat16), one fit after the other.
 
@@ -49,6 +51,7 @@ from grounding.paths import resolve_path
 
 FLICKR8K = ["experiments/composer/composer_flickr8k.yaml", "experiments/composer/vilbert_flickr8k.yaml"]
 WORLD = ["experiments/composer/composer_world.yaml", "experiments/composer/vilbert_world.yaml"]
+MVSA = {"flickr8k": "experiments/composer/vilbert_mvsa_flickr8k.yaml", "world": "experiments/composer/vilbert_mvsa_world.yaml"}
 
 
 class StepTimer(Callback):
@@ -208,6 +211,34 @@ def predicate_transformer_ab(config: str, n_batches: int = 6, repeats: int = 4) 
     return {"padding": padding, **{k: statistics.median(v[1:]) for k, v in times.items()}}
 
 
+def length_groups_ab(config: str, n_batches: int = 3, repeats: int = 3, groups: tuple[int, ...] = (1, 8)) -> dict:
+    """ViLBERT + MVSA's training losses, forward + backward over ``n_batches`` training batches (regions computed
+    once, the same random negatives for every setting), with ViLBERT.cross's pairs in each number of ``groups``,
+    interleaved ``repeats`` times (the first round untimed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        batch_negatives = {"init_args": {"hard_negatives": "batch"}}  # the pool needs a Trainer; same texts
+        cli = build_stage(resolve_path(config), [{"data": batch_negatives, "model": batch_negatives}], workdir=tmp)
+        dm = cli.datamodule
+        dm.setup("fit")
+        batches = list(islice(dm.train_dataloader(), n_batches))
+    module = cli.model.train()
+    with torch.no_grad():
+        regions = [module.regions(b) for b in batches]
+    times: dict[int, list[float]] = {g: [] for g in groups}
+    for _ in range(repeats + 1):
+        for g in groups:
+            module.net.length_groups = g
+            start = _now()
+            for i, (batch, r) in enumerate(zip(batches, regions)):
+                module.zero_grad(set_to_none=True)
+                module.regions = lambda _batch, r=r: r  # the frozen backbone's output, computed once above
+                torch.manual_seed(i)
+                module.compute_losses(batch)["loss"].backward()
+            times[g].append(_now() - start)
+    mask = torch.cat([b["concept_mask"].flatten() for b in batches]).float()
+    return {"concept_padding": 1 - float(mask.mean()), **{g: statistics.median(v[1:]) for g, v in times.items()}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -246,6 +277,11 @@ def main() -> int:
         print(f"\nCOMPOSER's Predicate Transformer, fwd + bwd over 6 batches of templates ({100 * ab['padding']:.0f} % "
               f"padding), interleaved: padded {ab[False]:.2f} s, real tokens only {ab[True]:.2f} s: "
               f"{ab[True] / ab[False]:.2f}x")
+    mvsa = MVSA["flickr8k" if any("flickr8k" in c for c in configs) else "world"]
+    ab = length_groups_ab(mvsa)
+    print(f"\n{Path(mvsa).name}: ℓ_match + ℓ_MVSA fwd + bwd over 3 batches ({100 * ab['concept_padding']:.0f} % of the "
+          f"concept texts' word-piece slots padding), interleaved: length_groups 1 {ab[1]:.2f} s, 8 {ab[8]:.2f} s: "
+          f"{ab[8] / ab[1]:.2f}x")
     print()
     for a in results:
         print("step time / the first row's: " + f"{a['step'] / results[0]['step']:.2f}x  {a['label']}")

@@ -292,6 +292,34 @@ def test_vilbert_packed_text_encoder_gives_the_same_scores_and_gradients():
         torch.testing.assert_close(out[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_vilbert_length_groups_give_the_same_scores_and_gradients():
+    """ViLBERT.cross in length groups, each cut past its longest text, scores 40 pairs as one padded group does,
+    with the same gradients, whichever side the padding is on; a wrong grouping (rows mixed up) would not."""
+    tok = load_tokenizer("tiny-random")
+    words = "a small brown dog runs across the wide green field after two red balls".split()
+    texts = [" ".join(words[:1 + i % len(words)]) for i in range(10)]
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    pair_image, pair_text = torch.arange(40) % 4, torch.arange(40) // 4
+    for side in ("right", "left"):
+        tok.padding_side = side
+        enc = tok(texts, padding=True, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+        out = {}
+        for groups in (1, 2):  # 40 pairs: 2 groups of 20 (a group holds at least 16)
+            net = tiny_vilbert(length_groups=groups, text_pooling="mean")
+            regions, region_mask = net.embed_regions(images)
+            text = net.encode_texts(ids, mask)
+            s = net.cross(text[pair_text], mask[pair_text], regions[pair_image], region_mask[pair_image])
+            (s * torch.linspace(1, 2, 40)).sum().backward()
+            out[groups] = s.detach(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+        torch.testing.assert_close(out[2][0], out[1][0], atol=1e-5, rtol=1e-5)
+        assert out[2][0].std() > 1e-3  # the pairs' scores differ: a permuted grouping would show
+        for name, grad in out[1][1].items():
+            torch.testing.assert_close(out[2][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="length_groups"):
+        tiny_vilbert(length_groups=0)
+
+
 def test_vilbert_four_way_loss_and_mvsa_backpropagate():
     graph, tables, _ = tiny_graph()
     batch = _train_batch(graph, tables, [0, 1, 2])

@@ -160,6 +160,8 @@ class VSETraining(RegionRetrievalModule):
 
 # ------------------------------------------------------------------------------------------ ViLBERT-style
 TEXT_POOLINGS = ("cls", "mean")
+# the fewest (text, image) pairs a length group of ViLBERT.cross holds (smaller groups cost more calls than they save)
+LENGTH_GROUP_MIN_PAIRS = 16
 EVAL_PHRASES = ("test", "always", "never")
 
 
@@ -182,7 +184,12 @@ class ViLBERT(RecordedNet):
     never trained (a sentence-transformers model such as the offline MiniLM, trained with mean pooling: its [CLS]
     output hardly varies between captions, and a world run with ``cls`` stayed at chance). ``packed_tokens``: the
     lower text layers on the real tokens only, as COMPOSER's Predicate Transformer
-    (:func:`grounding.encoders.bert_hidden_states`).
+    (:func:`grounding.encoders.bert_hidden_states`). ``length_groups``: :meth:`cross` runs its pairs in up to this many
+    groups of similar text length (at least 16 pairs a group), each cut past its longest text. Padding is masked, so
+    the scores and gradients are the same for less work: ℓ_MVSA's concept texts are 75 % padding in a Flickr8k
+    batch, and with 8 groups ViLBERT + MVSA's losses take 0.55x the time, its training step 0.72x
+    (``make bench``; docs/results.md). 1 (the default): the pairs as given, padded as the batch, which replays
+    recorded runs' dropout draws.
     """
 
     def __init__(self, text_encoder: str = "minilm", text_layers: int | None = None, region_source: str = "grid",
@@ -190,9 +197,12 @@ class ViLBERT(RecordedNet):
                  image_size: int = 224, image_layers: int = 6, coattention_layers: int = 6, image_dim: int = 1024,
                  image_heads: int = 8, image_ffn_dim: int = 1024, co_dim: int = 1024, co_heads: int = 8,
                  norm_first: bool = False, text_pooling: str = "cls", dropout: float = 0.1,
-                 packed_tokens: bool | Literal["auto"] = False):
+                 packed_tokens: bool | Literal["auto"] = False, length_groups: int = 1):
         super().__init__()
         self.packed_tokens = check_packed_tokens(packed_tokens)
+        if length_groups < 1:
+            raise ValueError(f"length_groups must be >= 1; got {length_groups}")
+        self.length_groups = length_groups
         if text_pooling not in TEXT_POOLINGS:
             raise ValueError(f"text_pooling must be one of {TEXT_POOLINGS}; got {text_pooling!r}")
         self.region_source = region_source
@@ -247,7 +257,23 @@ class ViLBERT(RecordedNet):
 
     def cross(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
               ) -> torch.Tensor:
-        """s(x, y) of P aligned (text, image) rows: text (P,L,d_t) from :meth:`encode_texts`, image (P,1+N,d_v)."""
+        """s(x, y) of P aligned (text, image) rows: text (P,L,d_t) from :meth:`encode_texts`, image (P,1+N,d_v); the
+        rows in ``length_groups`` groups of similar text length, each cut past its last real word piece."""
+        groups = min(self.length_groups, len(text) // LENGTH_GROUP_MIN_PAIRS)
+        if groups <= 1:
+            return self.cross_pairs(text, text_mask, image, image_mask)
+        # a row's extent: one past its last real word piece (whichever side the padding is on)
+        extent = (text_mask * torch.arange(1, text_mask.shape[1] + 1, device=text_mask.device)).amax(1)
+        order = torch.argsort(extent)
+        scores = []
+        for rows in torch.tensor_split(order, groups):
+            width = max(int(extent[rows].max()), 1)
+            scores.append(self.cross_pairs(text[rows, :width], text_mask[rows, :width], image[rows], image_mask[rows]))
+        return torch.cat(scores)[torch.argsort(order)]
+
+    def cross_pairs(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
+                    ) -> torch.Tensor:
+        """The co-attention streams and the score of P aligned rows, as given (:meth:`cross` groups them)."""
         last = len(self.co_attention) - 1
         for i, co in enumerate(self.co_attention):
             if i:
