@@ -15,8 +15,8 @@ training photos at this step time: the paper-schedule training time on all of Fl
 runs with its text encoder padded and on real tokens only (``packed_tokens``; ``--packed``), one fit after the other
 (so their ratio moves with the machine's load); then COMPOSER's Predicate Transformer alone on the same templates,
 padded against real tokens only, interleaved (a ratio that holds under load); and ViLBERT + MVSA's losses (ℓ_match's 4
-pairs a caption, ℓ_MVSA's 3 a concept text) with the cross-encoder's pairs in one group cut to the longest text
-against ``length_groups`` 8 groups of similar length, interleaved. ``--precision both``: each config also
+pairs a caption, ℓ_MVSA's 3 a concept text) with the cross-encoder's pairs padded as the batch (``length_groups`` 1)
+against 8 groups of similar length, each cut past its longest text, interleaved. ``--precision both``: each config also
 under Lightning's ``bf16-mixed`` (autocast; on a CPU with AVX512-BF16 or AMX, oneDNN runs the matrix products in
 bfloat16), one fit after the other.
 
