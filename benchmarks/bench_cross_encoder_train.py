@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cross_encoder_train.py [--configs A.yaml B.yaml] [--steps 20] [--warmup 3]
         [--train-photos 6000] [--packed both|true|false] [--precision 32-true|bf16-mixed|both]
+        [--length-groups 1 8]
 
 Each config's model and DataModule are built as ``python -m grounding fit`` builds them (``grounding.cli.build_stage``,
 the frozen backbone's feature cache included) and trained for ``warmup + steps`` optimizer steps by Lightning in a
@@ -18,7 +19,8 @@ padded against real tokens only, interleaved (a ratio that holds under load); an
 pairs a caption, ℓ_MVSA's 3 a concept text) with the cross-encoder's pairs padded as the batch (``length_groups`` 1)
 against 8 groups of similar length, each cut past its longest text, interleaved. ``--precision both``: each config also
 under Lightning's ``bf16-mixed`` (autocast; on a CPU with AVX512-BF16 or AMX, oneDNN runs the matrix products in
-bfloat16), one fit after the other.
+bfloat16), one fit after the other. ``--length-groups 1 8``: each ViLBERT config also with each number of length
+groups (``ViLBERT.length_groups``), one fit after the other.
 
 On a GPU every timing mark waits for the queued kernels first (``torch.cuda.synchronize``), and the timed steps run
 under ``torch.cuda.set_sync_debug_mode("warn")``: the report adds the host-device synchronisations a step, by the
@@ -155,11 +157,13 @@ def _is_sync_warning(w: warnings.WarningMessage) -> bool:
     return "synchroniz" in str(w.message) and Path(w.filename).resolve() != Path(__file__).resolve()
 
 
-def profile(config: str, steps: int, warmup: int, packed: bool, precision: str = "32-true") -> dict:
+def profile(config: str, steps: int, warmup: int, packed: bool, precision: str = "32-true",
+            length_groups: int | None = None) -> dict:
+    net_args = {"packed_tokens": packed} | ({} if length_groups is None else {"length_groups": length_groups})
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [{"trainer": {"max_steps": warmup + steps, "limit_val_batches": 0, "num_sanity_val_steps": 0,
                                   "precision": precision}},
-                     {"model": {"init_args": {"net": {"init_args": {"packed_tokens": packed}}}}}]
+                     {"model": {"init_args": {"net": {"init_args": net_args}}}}]
         cli = build_stage(resolve_path(config), overrides, workdir=tmp)
         model, dm, trainer = cli.model, cli.datamodule, cli.trainer
         timer = StepTimer(model.net, warmup)
@@ -181,6 +185,8 @@ def profile(config: str, steps: int, warmup: int, packed: bool, precision: str =
     # means, so the phases add up to the step and the parts to the forward
     step = statistics.mean(timer.phases["step"])
     label = f"{Path(config).name}, packed_tokens {str(packed).lower()}, {precision}"
+    if length_groups is not None:
+        label += f", length_groups {length_groups}"
     return {"config": config, "label": label, "step": step, "phases": {k: statistics.mean(v) for k, v in timer.phases.items()},
             "parts": {k: statistics.mean(v) for k, v in timer.parts.items()}, "steps_per_epoch": steps_per_epoch,
             "syncs": {site: n / steps for site, n in timer.syncs.items()} if on_gpu else None,
@@ -250,11 +256,17 @@ def main() -> int:
                     help="the text encoder on real tokens only (packed_tokens), padded, or both side by side")
     ap.add_argument("--precision", choices=("32-true", "bf16-mixed", "both"), default="32-true",
                     help="the trainer's precision; both: 32-true and bf16-mixed side by side")
+    ap.add_argument("--length-groups", nargs="+", type=int, default=None,
+                    help="ViLBERT configs also with each of these length_groups, one fit after the other")
     args = ap.parse_args()
     configs = args.configs or (FLICKR8K if resolve_path("../shared/data/flickr8k").is_dir() else WORLD)
     packed = {"both": (False, True), "true": (True,), "false": (False,)}[args.packed]
     precisions = ("32-true", "bf16-mixed") if args.precision == "both" else (args.precision,)
-    results = [profile(c, args.steps, args.warmup, p, q) for c in configs for p in packed for q in precisions]
+    def groups(config: str) -> list[int | None]:
+        return args.length_groups if args.length_groups and "vilbert" in Path(config).name else [None]
+
+    results = [profile(c, args.steps, args.warmup, p, q, g) for c in configs for p in packed for q in precisions
+               for g in groups(c)]
     print(f"\ntraining steps through trainer.fit, mean seconds a step over {args.steps} after {args.warmup} untimed")
     for r in results:
         scale = args.train_photos / r["photos"]
