@@ -334,7 +334,9 @@ COMPARE_MODELS ?= composer vilbert vilbert_mvsa
 COMPARE_SEEDS ?= 0 1
 COMPARE_DATA ?= world
 COMPARE_OUT ?= outputs/composer/compare_$(COMPARE_DATA)
-COMPARE_REPORT ?= reports/composer/compare_$(COMPARE_DATA)
+# the report beside its runs' path (outputs/X -> reports/X), so an ablation's COMPARE_OUT never overwrites the
+# comparison's report (whose compare.json is copied over the record)
+COMPARE_REPORT ?= $(if $(filter outputs/%,$(COMPARE_OUT)),$(patsubst outputs/%,reports/%,$(COMPARE_OUT)),$(COMPARE_OUT)_report)
 COMPARE_ARGS ?=
 COMPARE_RECORD ?= $(if $(COMPARE_ARGS),,$(if $(filter outputs/composer/compare_$(COMPARE_DATA),$(COMPARE_OUT)),$(wildcard docs/records/composer_compare_$(COMPARE_DATA).json)))
 # COMPARE_MCD: an MCD split file (Karpathy JSON) each run is also tested on, into <run>/compositional: its text→image

@@ -197,6 +197,32 @@ def test_compare_merges_recorded_runs(tmp_path, capsys):
         assert "not a compare.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, report, recorded", [
+    ([], "reports/composer/compare_world", False),
+    (["COMPARE_DATA=flickr8k"], "reports/composer/compare_flickr8k", True),
+    # an ablation reports beside its own runs: its compare.json must not overwrite the comparison's
+    (["COMPARE_DATA=flickr8k", "COMPARE_OUT=outputs/composer/ablation_flickr8k/x", "COMPARE_ARGS=--a 1"],
+     "reports/composer/ablation_flickr8k/x", False),
+    (["COMPARE_OUT=/elsewhere/runs"], "/elsewhere/runs_report", False),
+])
+def test_make_compare_reports_beside_its_runs(args, report, recorded):
+    """`make composer-compare` (dry run): the report folder follows COMPARE_OUT, and only the default comparison reads
+    the committed record."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["make", "-n", "--no-print-directory", "composer-compare", *args], cwd=root,
+                         capture_output=True, text=True, timeout=120).stdout
+    line = next(x for x in out.splitlines() if "-m grounding.composer.compare --runs" in x)
+    words = line.split()
+    assert words[words.index("--out") + 1] == report, line
+    assert ("--recorded docs/records/composer_compare_flickr8k.json" in line) == recorded, line
+
+
 def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):
     """Under bf16-mixed the regions are bfloat16; COMPOSER's and ViLBERT-style's score matrices stay float32 (before,
     COMPOSER's evaluation failed to fill a bfloat16 matrix with its float32 scores, and ViLBERT-style's rounded its
