@@ -148,6 +148,7 @@ def test_explanations_come_from_the_models(board):
                                                          abs=1e-4)
     page = explorer.crg_html(caption, 1)
     assert 'class="crg-tree"' in page and page.count("<li>") >= 3
+    assert "score θᵀv on photo" in page  # the board's COMPOSER has the paper's linear head
     # SemCLIP: "a red car" asked with car's WordNet synonyms; the query itself overlaps its own top-k fully
     rows = explorer.models["SemCLIP"].synonyms("a red car", 3)
     assert rows[0].query == "a red car" and rows[0].semclip_overlap == 1.0

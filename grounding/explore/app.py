@@ -143,7 +143,7 @@ class Explorer:
             return "<p>No COMPOSER checkpoint loaded.</p>"
         tree = model.concept_tree(check_query(query), image)
         return ('<div class="crg-tree"><p>COMPOSER\'s Concept &amp; Relation Graph of the query, each concept\'s score '
-                f"θᵀv on photo {html.escape(self.gallery.image_paths[image].name)}:</p><ul>{_tree_html(tree)}</ul></div>")
+                f"{model.score_formula} on photo {html.escape(self.gallery.image_paths[image].name)}:</p><ul>{_tree_html(tree)}</ul></div>")
 
     def synonyms(self, query: str, k: int | None = None) -> tuple[str, Image.Image | None]:
         model = self.semclip_model

@@ -380,8 +380,15 @@ class CrossModel(ExplorerModel):
         order = torch.argsort(scores, descending=True, stable=True)[:k]
         return Ranked(captions[order].tolist(), scores[order].tolist(), time.perf_counter() - start)
 
+    @property
+    def score_formula(self) -> str:
+        """COMPOSER's concept score as its head computes it: θᵀv (Eq. 3) or, with ``score_head: image_gated``,
+        θᵀ(v ⊙ g(x))."""
+        return "θᵀv" if getattr(self.module.net, "image_gate", None) is None else "θᵀ(v ⊙ g(x))"
+
     def concept_tree(self, query: str, image: int) -> ConceptNode:
-        """COMPOSER's Concept & Relation Graph of ``query`` with every concept's score θᵀv on ``image`` (Eq. 3)."""
+        """COMPOSER's Concept & Relation Graph of ``query`` with every concept's score on ``image``
+        (:attr:`score_formula`)."""
         batch, graph = texts_batch([query], self.tokenizer, self.backend, self.max_length)
         one = torch.tensor([image])
         with torch.inference_mode():
