@@ -13,7 +13,7 @@ from grounding.paths import REPO_ROOT
 
 def test_help_lists_the_four_subcommands(monkeypatch, capsys):
     """``python -m grounding --help``, in this process (a fresh interpreter's imports took ~25 s of `make test` on 2
-    loaded cores; tests/test_resume_kill.py starts the module as a subprocess)."""
+    loaded cores; the fast tier still starts `python -m grounding fit` as a subprocess in tests/test_scaling.py)."""
     from grounding.__main__ import main as module_main
 
     monkeypatch.setattr(sys, "argv", ["grounding", "--help"])
