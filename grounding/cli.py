@@ -158,12 +158,20 @@ class GroundingArgumentParser(LightningArgumentParser):
 class GroundingCLI(LightningCLI):
     run_lock: RunLock | None = None
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, only_subcommand: str | None = None, **kwargs):
+        # LightningCLI builds a parser for each of its four subcommands (~0.2 s each, every time a test or tool runs
+        # one from Python); a command line that names its subcommand first needs only that one. Without it (--help,
+        # a typo, no subcommand) all four are built, so help and errors list them.
+        self.only_subcommand = only_subcommand
         try:
             super().__init__(*args, **kwargs)  # parses, builds and runs the subcommand
         finally:  # the run folder is free again, also after an error (and for the next run in this process)
             if self.run_lock is not None:
                 self.run_lock.release()
+
+    def subcommands(self) -> dict[str, set[str]]:
+        every = LightningCLI.subcommands()
+        return {self.only_subcommand: every[self.only_subcommand]} if self.only_subcommand in every else every
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--overwrite", type=bool, default=False,
@@ -496,6 +504,8 @@ def main(args=None, run: bool = True) -> GroundingCLI:
     """The LightningCLI of every stage; ``run=False`` parses a config (no subcommand) and builds its model, DataModule
     and trainer without running anything (:func:`build_stage`)."""
     defaults = [trainer_config_file()] if os.path.isfile(trainer_config_file()) else []
+    argv = sys.argv[1:] if args is None else args
+    named = argv[0] if isinstance(argv, (list, tuple)) and argv and argv[0] in SUBCOMMANDS else None
     return GroundingCLI(
         LightningModule,
         LightningDataModule,
@@ -504,12 +514,14 @@ def main(args=None, run: bool = True) -> GroundingCLI:
         auto_configure_optimizers=False,  # each stage's optimizer is injected through its init args
         # allow_abbrev off: a typo such as --trainer.max_epoch is an error, not a silent prefix match
         parser_kwargs={"allow_abbrev": False,
-                       **{cmd: {"default_config_files": defaults, "allow_abbrev": False} for cmd in SUBCOMMANDS}},
+                       **{cmd: {"default_config_files": defaults, "allow_abbrev": False}
+                          for cmd in ((named,) if named else SUBCOMMANDS)}},
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},
         parser_class=GroundingArgumentParser,
         args=args,
         run=run,
+        only_subcommand=named,
     )
 
 

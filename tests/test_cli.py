@@ -25,6 +25,33 @@ def test_help_lists_the_four_subcommands(monkeypatch, capsys):
         assert f"    {sub} " in out, out
 
 
+def test_a_command_that_names_its_subcommand_builds_only_that_parser(monkeypatch, capsys):
+    """`test --config ...` builds the test subcommand's parser alone (each of the four costs ~0.2 s, and tests and
+    tools run the CLI from Python hundreds of times); the config it resolves is the one the four-parser CLI gave
+    (every section, the shared trainer config's defaults included), and an unknown subcommand still lists all four."""
+    from grounding.cli import GroundingCLI, main
+
+    built = []
+    every = GroundingCLI.subcommands
+
+    def recording(self):
+        built.append(sorted(every(self)))
+        return every(self)
+
+    monkeypatch.setattr(GroundingCLI, "subcommands", recording)
+    with pytest.raises(SystemExit):
+        main(["test", "--config", str(REPO_ROOT / "experiments" / "composer" / "composer_world.yaml"), "--print_config"])
+    assert built and all(names == ["test"] for names in built)
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert {"model", "data", "trainer", "ckpt_path"} <= set(config)
+    assert config["trainer"]["accelerator"] == yaml.safe_load(open(trainer_config_file()))["trainer"]["accelerator"]
+    built.clear()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tset", "--config", "x.yaml"])
+    assert exit_info.value.code == 2 and built[-1] == ["fit", "predict", "test", "validate"]
+    assert "tset" in capsys.readouterr().err
+
+
 def test_precision_policy():
     assert resolve_precision("16-mixed", "gpu") == "16-mixed"  # an explicit choice always wins
     assert resolve_precision(None, "cpu") == "32-true"
