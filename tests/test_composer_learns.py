@@ -185,6 +185,14 @@ def test_compare_merges_recorded_runs(tmp_path, capsys):
     assert merged["runs"]["composer_s0"]["recorded_in"] == str(kept) and "recorded_in" not in merged["runs"]["composer_s1"]
     assert "| composer_s0 | 300.0 | – | 20.0 | 150.5 (2) | 2 | 2.0 | c0ffee1 (recorded) |" in (
         tmp_path / "r2" / "compare.md").read_text()
+    # a fit still going (no test yet, no record of it) is listed and plotted but neither counted as a seed nor
+    # averaged: its mid-training dev rsum stays out of the row, and one tested seed prints no ± 0.0
+    run(second, "vilbert_s1", rsum=None, r1=(5.0, 8.0))
+    (second / "vilbert_s1" / "csv" / "version_0" / "metrics.csv").write_text(
+        "epoch,step,train/t2i_r1,val/rsum\n0,4,5.0,\n0,4,,99.0\n")
+    merged = compare(second, tmp_path / "r2", [kept])
+    assert merged["models"]["vilbert"]["tested"] == 1 and merged["models"]["vilbert"]["dev rsum"]["seeds"] == [150.5]
+    assert "| vilbert | 1 (+1 untested) | 250.0 |" in (tmp_path / "r2" / "compare.md").read_text()
     run(tmp_path / "machine3", "vilbert_s0", rsum=260.0)
     assert compare(tmp_path / "machine3", tmp_path / "r3", [kept])["models"]["vilbert"]["rsum"]["seeds"] == [260.0]
     capsys.readouterr()

@@ -144,7 +144,10 @@ def compare(runs_dir: Path | None, out: Path, recorded: list[Path] = ()) -> dict
     for name, run in runs.items():
         models.setdefault(run["model"], {"runs": []})["runs"].append(name)
     for row in models.values():
-        tested = [runs[n] for n in row["runs"]]
+        # a row's numbers are its tested runs' only: an untested run (a fit still going) is listed and plotted, but its
+        # mid-training dev rsum is not averaged with finished runs, and it is not counted as a seed
+        tested = [runs[n] for n in row["runs"] if runs[n]["test"].get("test/rsum") is not None]
+        row["tested"] = len(tested)
         for column in COLUMNS:
             values = [v for v in (column_value(r, column) for r in tested) if v is not None]
             if values:
@@ -164,8 +167,11 @@ def _markdown(report: dict) -> str:
     columns = [*COLUMNS, "dev rsum"]
     lines = ["| model | seeds | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 2)]
     for model, row in report["models"].items():
-        cells = [f"{row[c]['mean']:.1f} ± {row[c]['sd']:.1f}" if c in row else "–" for c in columns]
-        lines.append(f"| {model} | {len(row['runs'])} | " + " | ".join(cells) + " |")
+        cells = ["–" if c not in row else f"{row[c]['mean']:.1f}" if len(row[c]["seeds"]) == 1
+                 else f"{row[c]['mean']:.1f} ± {row[c]['sd']:.1f}" for c in columns]
+        training = len(row["runs"]) - row["tested"]
+        seeds = f"{row['tested']}" + (f" (+{training} untested)" if training else "")
+        lines.append(f"| {model} | {seeds} | " + " | ".join(cells) + " |")
     lines += ["", "| run | test rsum | comp. R@1 | last train t2i R@1 | dev rsum (epoch) | epochs | train min | commit |",
               "|---|---|---|---|---|---|---|---|"]
 
