@@ -35,3 +35,20 @@ def tiny_world(tmp_path_factory):
     out = tmp_path_factory.mktemp("world")
     generate_world(out, n_images=48, seed=0, image_size=64)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _cached_tokenizer_unchanged():
+    """``grounding.encoders.load_tokenizer`` hands every caller one cached tokenizer: a test that changes it (its
+    padding side, say) changes how every later test in the process tokenizes (a left-padded batch shifts BERT's
+    position ids), which passes under xdist's shuffled order and fails `make test-full`'s single process. A test that
+    needs another setting works on ``copy.deepcopy`` of it."""
+    yield
+    import sys
+
+    encoders = sys.modules.get("grounding.encoders")
+    if encoders is None or not encoders.load_tokenizer.cache_info().currsize:
+        return
+    tok = encoders.load_tokenizer(encoders.TINY_TEXT_ENCODER)
+    assert (tok.padding_side, tok.truncation_side) == ("right", "right"), \
+        "this test changed the cached tiny tokenizer; change a copy.deepcopy of it instead"

@@ -3,6 +3,8 @@ evaluation against grounding.retrieval_metrics on hand-made Concept & Relation G
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -295,7 +297,7 @@ def test_vilbert_packed_text_encoder_gives_the_same_scores_and_gradients():
 def test_vilbert_length_groups_give_the_same_scores_and_gradients():
     """ViLBERT.cross in length groups, each cut past its longest text, scores 40 pairs as one padded group does,
     with the same gradients, whichever side the padding is on; a wrong grouping (rows mixed up) would not."""
-    tok = load_tokenizer("tiny-random")
+    tok = copy.deepcopy(load_tokenizer("tiny-random"))  # a copy: the cached tokenizer is shared by every later test
     words = "a small brown dog runs across the wide green field after two red balls".split()
     texts = [" ".join(words[:1 + i % len(words)]) for i in range(10)]
     images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
