@@ -551,3 +551,30 @@ def test_semclip_row_refuses_a_transform_fitted_on_another_vlm(tiny_world, tmp_p
     expected = (f"error: Γ_t {transform} was fitted on the VLM suite:{fitted_on}, but it is queried through "
                 f"suite:{other}: name the same checkpoint (semclip.vlm) or refit Γ_t on this VLM.")
     assert row["status"] == expected[:len("error: ") + 300]  # (a row's error line keeps 300 characters)
+
+
+@pytest.mark.parametrize(("train", "fits"), [
+    # a cross-encoder reranks VSE's top 20: VSE (seed 0 only) is fit first when missing
+    ("vilbert-mvsa", ["vse_flickr8k_full.yaml --trainer.default_root_dir outputs/composer/vse_flickr8k_full\n",
+                      "vilbert_mvsa_flickr8k_full.yaml"]),
+    # VSE itself named: its seeds too
+    ("vse", ["vse_flickr8k_full.yaml --trainer.default_root_dir outputs/composer/vse_flickr8k_full\n",
+             "--seed_everything 1", "--seed_everything 2"]),
+])
+def test_full_benchmark_target_fits_what_its_rows_need(tmp_path, train, fits):
+    """`make leaderboard-flickr8k-full FULL_TRAIN=...` run where no model exists (fits and tests replaced by echo):
+    it fits the named model and what its row needs, in order, and nothing else."""
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    makefile = Path(__file__).resolve().parent.parent / "Makefile"
+    out = subprocess.run(["make", "--no-print-directory", "-f", str(makefile), "-o", ".venv/.grounding-installed",
+                          "leaderboard-flickr8k-full", f"FULL_TRAIN={train}", "CLI=echo CLI", "PY=echo PY"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    fit_lines = [line + "\n" for line in out.stdout.splitlines() if line.startswith("CLI fit")]
+    assert len(fit_lines) == len(fits), fit_lines
+    for line, expected in zip(fit_lines, fits):
+        assert expected in line, (expected, line)
+    assert "PY -m grounding.leaderboard --config experiments/leaderboard/flickr8k_full.yaml" in out.stdout
