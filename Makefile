@@ -402,8 +402,8 @@ leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test phot
 # Each model of FULL_TRAIN without a checkpoint is fit first (`python -m grounding fit --config <its _full config>`), and a
 # fit that stopped before its max_epochs resumes from its last.ckpt (a stopped run is never tested as trained);
 # the leaderboard tests them (cross-encoders rerank VSE's top 20). On 2 idle CPU cores: the feature cache ~6 min once,
-# the dual encoders ~25-40 min each, COMPOSER and ViLBERT-style ~1-1.5 h each, ViLBERT + MVSA ~3.5 h
-# (1,496 steps at 7.0-8.5 s on idle cores with length_groups 8, measured in the fit: its first 4 epochs took 107 min;
+# the dual encoders ~25-40 min each, COMPOSER and ViLBERT-style ~1-1.5 h each, ViLBERT + MVSA ~3.4 h
+# (1,496 steps at about 7.1 s on idle cores with length_groups 8, measured in the fit: 214.7 wall min with a CI pause;
 # 3 cross-encoder passes per CRG concept; docs/results.md has the times). LEADERBOARD_ARGS=--graded: every model also on the
 # 16 graded splits of the MCD folder (Fig. 4 with every model: graded.{csv,json,png}; docs/leaderboard.md).
 FULL_TRAIN ?= stage1 baseline baseline-unlocked vse composer vilbert vilbert-mvsa semclip
