@@ -157,6 +157,8 @@ bench: install  ## benchmarks: speed ratios measured side by side in one run (~2
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
 	$(PY) benchmarks/bench_cross_encoder_train.py
+	$(call first,$(WORLD)/world.json,world)
+	$(PY) benchmarks/bench_step_operators.py
 	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
 	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
 

@@ -16,6 +16,7 @@ import functools
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,6 +24,9 @@ from grounding.errors import UserInputError
 
 OFFLINE_TEXT_ENCODER = "minilm"
 TINY_TEXT_ENCODER = "tiny-random"
+# BERT-base's shapes (768 wide, 12 layers, 12 heads, FFN 3072, the uncased 30,522-piece vocabulary) with random weights
+# and MiniLM's tokenizer (the same vocabulary): a paper-size text stream where bert-base-uncased is not on the machine
+BERT_BASE_RANDOM = "bert-base-random"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -46,7 +50,7 @@ def _minilm_path() -> str:
 
 def resolve_text_encoder(name: str) -> str:
     """Map a configured text-encoder name to something ``from_pretrained`` accepts."""
-    if name in (OFFLINE_TEXT_ENCODER, TINY_TEXT_ENCODER):
+    if name in (OFFLINE_TEXT_ENCODER, TINY_TEXT_ENCODER, BERT_BASE_RANDOM):
         return _minilm_path()
     return os.path.expanduser(name)
 
@@ -107,11 +111,32 @@ def load_text_encoder(name: str = OFFLINE_TEXT_ENCODER, **config_overrides):
                    intermediate_size=64, max_position_embeddings=128)
         cfg.update(config_overrides)
         return BertModel(BertConfig(**cfg), add_pooling_layer=False)
+    if name == BERT_BASE_RANDOM:
+        cfg = dict(vocab_size=load_tokenizer(BERT_BASE_RANDOM).vocab_size)  # BertConfig's defaults are BERT-base's
+        cfg.update(config_overrides)
+        return BertModel(BertConfig(**cfg), add_pooling_layer=False)
     return _from_pretrained(AutoModel, name, add_pooling_layer=False, **config_overrides)
 
 
 
-def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def padded_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``bert(input_ids, attention_mask).last_hidden_state``, with the attention mask built here in the 4-D form the
+    model's attention takes: from a 2-D mask the library first asks whether any token is padding (``mask.all()``, a
+    host synchronisation on a GPU, every call) to skip the mask. Same values."""
+    impl = getattr(bert.config, "_attn_implementation", None) or "eager"
+    keep = attention_mask[:, None, None, :]
+    if impl == "sdpa":
+        mask = keep.bool()
+    elif impl == "eager":
+        dtype = bert.get_input_embeddings().weight.dtype
+        mask = (1.0 - keep.to(dtype)) * torch.finfo(dtype).min
+    else:  # flash attention and others take the 2-D mask (unpadding is theirs)
+        mask = attention_mask
+    return bert(input_ids=input_ids, attention_mask=mask).last_hidden_state
+
+
+def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        real_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """BERT's last hidden state (B,T,d) with every token-wise step run on the real tokens only.
 
     A batch padded to its longest caption is about half padding (Flickr8k: 24–32 positions, ~14 words), and
@@ -119,7 +144,9 @@ def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask
     only the attention core sees the padded (B,h,T,dh) layout, with padded keys masked. The layer's own
     submodules (Q/K/V, output, intermediate) do the work, so weights, dropout rates and the activation are
     the encoder's. Same values as ``bert(...).last_hidden_state`` at real tokens (dropout aside: masks are
-    drawn over other shapes); padded positions are 0 (every consumer masks them).
+    drawn over other shapes); padded positions are 0 (every consumer masks them). ``real_tokens``: the flat
+    positions of the real tokens (``attention_mask.flatten().nonzero()``) when the caller built them on the host;
+    else they are found here (``nonzero``: a host synchronisation on a GPU).
     """
     config = bert.config
     if getattr(config, "is_decoder", False) or getattr(config, "position_embedding_type", "absolute") != "absolute":
@@ -127,7 +154,7 @@ def packed_bert_forward(bert: nn.Module, input_ids: torch.Tensor, attention_mask
                          "set packed_tokens: false for this text encoder.")
     b, t = input_ids.shape
     mask = attention_mask.bool()
-    real = mask.reshape(-1).nonzero().squeeze(1)  # flat positions of the real tokens
+    real = mask.reshape(-1).nonzero().squeeze(1) if real_tokens is None else real_tokens  # flat positions of real tokens
     x = bert.embeddings(input_ids=input_ids).reshape(b * t, -1).index_select(0, real)
     key_mask = mask[:, None, None, :]
 
@@ -158,13 +185,22 @@ def check_packed_tokens(value) -> bool | str:
 
 
 def bert_hidden_states(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       packed_tokens: bool | str = False) -> torch.Tensor:
-    """BERT's last hidden state (B,T,d): on the real tokens only (:func:`packed_bert_forward`) when ``packed_tokens``
-    is true, or ``"auto"`` and no lower-precision autocast is on (there the step is launch-bound and packing
-    loses: benchmarks/bench_text_stream.py); else the library's padded forward."""
+                       packed_tokens: bool | str = False, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """BERT's last hidden state (B,T,d): on the real tokens only (:func:`packed_bert_forward`, at ``real_tokens``
+    when given) when ``packed_tokens`` is true, or ``"auto"`` and no lower-precision autocast is on (there the step
+    is launch-bound and packing loses: benchmarks/bench_text_stream.py); else the padded forward
+    (:func:`padded_bert_forward`)."""
     if packed_tokens is True or (packed_tokens == "auto" and not torch.is_autocast_enabled(input_ids.device.type)):
-        return packed_bert_forward(bert, input_ids, attention_mask)
-    return bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return packed_bert_forward(bert, input_ids, attention_mask, real_tokens)
+    return padded_bert_forward(bert, input_ids, attention_mask)
+
+
+def real_token_positions(lengths: np.ndarray, width: int) -> np.ndarray:
+    """Flat positions (row * width + column) of the real tokens of right-padded rows of ``lengths`` tokens, built on
+    the host for :func:`packed_bert_forward`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    return row * width + (np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths))
 
 
 # --------------------------------------------------------------------------------------------

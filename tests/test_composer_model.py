@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from grounding.composer import ConceptGraph, extract_crg
-from grounding.composer.batch import PLACEHOLDER_TYPES, TokenTables, composition_batch
+from grounding.composer.batch import PLACEHOLDER_TYPES, TokenTables, composition_batch, pair_schedule, same_height_partners
 from grounding.composer.data import held_out_pair_mask
 from grounding.composer.evaluation import composer_metrics, phrase_hits, score_captions
 from grounding.composer.model import Composer, Modulator, compose_node_by_node, grid_regions
-from grounding.composer.objectives import match_nll, mvsa_loss, order_loss, same_height_partners
+from grounding.composer.objectives import match_nll, mvsa_loss, order_loss
 from grounding.composer.training import ComposerTraining
 from grounding.encoders import load_tokenizer
 from grounding.nets import constructor_args
@@ -223,6 +223,54 @@ def test_level_batched_recursion_equals_node_by_node(modulator, cross, norm_firs
     torch.testing.assert_close(s, net.node_scores(reference, ptr, regions, mask, pair_image)[root])
 
 
+@pytest.mark.parametrize("ct_layers", [3, 5])
+def test_image_stream_once_is_the_same_function(ct_layers):
+    """``image_stream_once``: the CT's text-independent image layers once per image, the same table (eval mode)."""
+    graph, tables, _ = tiny_graph(failed=True)
+    net = tiny_net(ct_layers=ct_layers, readout="mean", child_skip=True)
+    b = composition_batch(graph, tables, [0, 1, 2, 3])
+    regions, mask = net.embed_regions(torch.randn(3, 3, 32, 32))
+    pair_image, pair_caption = torch.tensor([0, 1, 2, 2, 0, 1, 0]), torch.tensor([0, 1, 2, 0, 2, 3, 1])
+    with torch.no_grad():
+        per_row, _ = net.compose(b, regions, mask, pair_image, pair_caption)
+        net.image_stream_once = True
+        once, _ = net.compose(b, regions, mask, pair_image, pair_caption)
+    torch.testing.assert_close(once, per_row, atol=1e-5, rtol=1e-5)
+
+
+def test_open_pairs_compose_the_caption_the_device_chose():
+    """A pair whose caption is chosen on the device (the batch-mode hard negative) is padded to the longest candidate:
+    its rows of the chosen caption equal a fixed pair's, and the gradients of both layouts agree."""
+    graph, tables, _ = tiny_graph(failed=True)
+    net = tiny_net(readout="mean", child_skip=True, modulator_skip=True)
+    with torch.no_grad():
+        for p in net.modulator.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    b = composition_batch(graph, tables, [0, 1, 2, 3])
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    pair_image = np.array([0, 1, 2, 2, 0, 1])
+    chosen = np.array([2, 0, 3])  # the last three pairs' captions, "chosen on the device"
+    fixed_caption = np.concatenate([[0, 1, 2], chosen])
+    open_caption = np.concatenate([[0, 1, 2], [-1, -1, -1]])
+    out = {}
+    for name, caption in (("fixed", fixed_caption), ("open", open_caption)):
+        net.zero_grad()
+        regions, mask = net.embed_regions(images)
+        schedule = pair_schedule(b["host"], caption, pair_image)
+        device_caption = torch.from_numpy(fixed_caption)  # the device's choice fills the open pairs
+        table, ptr = net.compose(b, regions, mask, None, device_caption, schedule=schedule)
+        n_node = np.diff(b["host"].node_ptr)[fixed_caption]
+        rows = torch.cat([torch.arange(int(ptr[p]), int(ptr[p]) + int(n)) for p, n in enumerate(n_node)])
+        kept = table[rows]
+        kept.square().sum().backward()
+        out[name] = kept.detach(), {k: p.grad.clone() for k, p in net.named_parameters() if p.grad is not None}
+    assert out["open"][0].shape == out["fixed"][0].shape
+    torch.testing.assert_close(out["open"][0], out["fixed"][0], atol=1e-5, rtol=1e-5)
+    assert out["open"][1].keys() == out["fixed"][1].keys()
+    for k in out["fixed"][1]:
+        torch.testing.assert_close(out["open"][1][k], out["fixed"][1][k], atol=1e-4, rtol=1e-4, msg=k)
+
+
 def test_packed_predicate_transformer_gives_the_same_concepts_and_gradients():
     """``packed_tokens``: the PT on real word pieces only (templates and, with ``primitive_queries: encoder``, the
     primitives), the same concept table and the same gradients as the padded PT."""
@@ -294,9 +342,9 @@ def test_mvsa_and_order_hinges_hand_computed():
 
 def test_same_height_partners():
     # caption 0: heights [0,0,1,1,2]; caption 1: [0,1]; caption 0's partner is 1 and 1's is 0
-    node_ptr = torch.tensor([0, 5, 7])
-    heights = torch.tensor([0, 0, 1, 1, 2, 0, 1])
-    partner = same_height_partners(node_ptr, heights, torch.tensor([1, 0]))
+    node_ptr = np.array([0, 5, 7])
+    heights = np.array([0, 0, 1, 1, 2, 0, 1])
+    partner = same_height_partners(node_ptr, heights, np.array([1, 0]))
     # caption 0 -> caption 1: primitives -> its primitive (local 0, cycling), height 1 -> local 1, height 2 -> its root (1)
     assert partner[:5].tolist() == [0, 0, 1, 1, 1]
     # caption 1 -> caption 0: its primitive -> caption 0's first primitive, its height-1 node -> the first of height 1
@@ -310,8 +358,10 @@ def test_four_way_negatives_and_the_hard_one():
     mask = torch.ones(4, 1, dtype=torch.bool)
     torch.manual_seed(0)
     for _ in range(5):
-        random_caption, random_image, hard = module.negatives(regions, mask)
-        rows = torch.arange(4)
+        neg = module.negatives(regions, mask)
+        random_caption, random_image, hard = neg.random_caption, neg.random_image, neg.hard_device.numpy()
+        assert neg.hard is None  # chosen on the device (hard_negatives: batch)
+        rows = np.arange(4)
         assert (random_caption != rows).all() and (random_image != rows).all() and (hard != rows).all()
         assert (hard != random_caption).all()
     # image 0's nearest other image is 1 unless 1 is already its random caption

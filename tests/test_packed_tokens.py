@@ -76,7 +76,7 @@ def test_auto_packs_unless_autocast_lowers_precision(monkeypatch):
     calls = []
     import grounding.encoders as encoders
 
-    def spy(bert, ids, mask):
+    def spy(bert, ids, mask, real_tokens=None):
         calls.append(True)
         return bert(input_ids=ids, attention_mask=mask).last_hidden_state
 

@@ -20,21 +20,24 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from grounding.contrastive import vse_hinge_loss
-from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder
+from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, padded_bert_forward, real_token_positions
+from grounding.host_sync import host_numpy
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.nets import RecordedNet
 from grounding.precision import dot_similarity, full_precision
 from grounding.retrieval_metrics import place_reranked, rerank_pairs
 
+from .batch import ragged_arange, same_height_partners
 from .hard_negatives import HARD_NEGATIVE_MODES
-from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, expand_counts, masked_mean, region_backbone, region_features
-from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, same_height_partners
-from .training import RegionRetrievalModule, four_way_negatives
+from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, masked_mean, region_backbone, region_features
+from .objectives import MVSA_LOSSES, match_nll, mvsa_loss
+from .training import RegionRetrievalModule, four_way_negatives, hard_caption_rows
 
 
 class ResidualBlock(nn.Module):
@@ -95,7 +98,7 @@ class VSE(RecordedNet):
     # -------------------------------------------------------------------- text side
     def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """y: the L2-normalised mean of the last layer over the word pieces ([CLS] and [SEP] included) (C,d)."""
-        hidden = self.text_encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        hidden = padded_bert_forward(self.text_encoder, ids, mask.long())
         return F.normalize(self.text_proj(masked_mean(hidden, mask)), dim=-1)
 
     def forward(self, regions: torch.Tensor, region_mask: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
@@ -251,25 +254,33 @@ class ViLBERT(RecordedNet):
         """The text stream (the encoder's lower layers and its top layers' copies): the rest is new."""
         return [self.text_encoder, self.text_layers]
 
-    def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The lower text layers (image-independent: once per text, reused by every image)."""
-        return bert_hidden_states(self.text_encoder, ids, mask.long(), self.packed_tokens)
+    def encode_texts(self, ids: torch.Tensor, mask: torch.Tensor, lengths: np.ndarray | None = None) -> torch.Tensor:
+        """The lower text layers (image-independent: once per text, reused by every image). ``lengths``: each
+        text's real word pieces, known on the host (the packed forward then finds them without reading the mask)."""
+        real = None
+        if lengths is not None and self.packed_tokens is not False:
+            real = torch.from_numpy(real_token_positions(lengths, ids.shape[1])).to(ids.device)
+        return bert_hidden_states(self.text_encoder, ids, mask.long(), self.packed_tokens, real)
 
     def cross(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
-              ) -> torch.Tensor:
+              extent: np.ndarray | None = None) -> torch.Tensor:
         """s(x, y) of P aligned (text, image) rows: text (P,L,d_t) from :meth:`encode_texts`, image (P,1+N,d_v); the
-        rows in ``length_groups`` groups of similar text length, each cut past its last real word piece."""
+        rows in ``length_groups`` groups of similar text length, each cut past its last real word piece. ``extent``:
+        each row's length (one past its last real word piece, at most) known on the host; without it the lengths are
+        read from ``text_mask`` (a host synchronisation on a GPU: a training step passes them)."""
         groups = min(self.length_groups, len(text) // LENGTH_GROUP_MIN_PAIRS)
         if groups <= 1:
             return self.cross_pairs(text, text_mask, image, image_mask)
-        # a row's extent: one past its last real word piece (whichever side the padding is on)
-        extent = (text_mask * torch.arange(1, text_mask.shape[1] + 1, device=text_mask.device)).amax(1)
-        order = torch.argsort(extent)
+        if extent is None:  # one past each row's last real word piece (whichever side the padding is on)
+            positions = torch.arange(1, text_mask.shape[1] + 1, device=text_mask.device)
+            extent = (text_mask * positions).amax(1).cpu().numpy()
+        order = np.argsort(extent, kind="stable")
         scores = []
-        for rows in torch.tensor_split(order, groups):
+        for rows in np.array_split(order, groups):
             width = max(int(extent[rows].max()), 1)
+            rows = torch.from_numpy(rows).to(text.device)
             scores.append(self.cross_pairs(text[rows, :width], text_mask[rows, :width], image[rows], image_mask[rows]))
-        return torch.cat(scores)[torch.argsort(order)]
+        return torch.cat(scores)[torch.from_numpy(np.argsort(order)).to(text.device)]
 
     def cross_pairs(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor, image_mask: torch.Tensor,
                     ) -> torch.Tensor:
@@ -341,54 +352,68 @@ class ViLBERTTraining(RegionRetrievalModule):
         self.feature_cache_dir = feature_cache_dir
 
     def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        """ℓ_match (+ λ₁ ℓ_MVSA) of one batch, every index built on the host (the step never waits for the device)."""
         if "caption_ids" not in batch:
             raise ValueError("ViLBERT needs the batch's caption word pieces (caption_ids): build the TokenTables with "
                              "the split's caption texts (ComposerDataModule does)")
         regions, region_mask = self.regions(batch)
+        dev = regions.device
         b = len(regions)
-        rows = torch.arange(b, device=regions.device)
-        random_caption, random_image, hard = four_way_negatives(regions, region_mask, self.hard_negatives,
-                                                                batch.get("hard_caption"))
-        pair_image = torch.cat([rows, rows, random_image, rows])
-        pair_caption = torch.cat([rows, random_caption, rows, hard])
-        scores = self.net(regions, region_mask, batch["caption_ids"], batch["caption_mask"], pair_image,
-                          pair_caption).view(4, b).T  # (B, 4): positive, then the 3 negatives
+        index = batch["host"]
+        neg = four_way_negatives(regions, region_mask, self.hard_negatives, hard_caption_rows(batch))
+        rows = np.arange(b)
+        pairs = torch.from_numpy(np.concatenate([rows, rows, neg.random_image, rows, rows, neg.random_caption, rows])).to(dev)
+        pair_image, pair_caption = pairs[:4 * b], torch.cat([pairs[4 * b:], neg.hard_device])
+        length = index.caption_length
+        hard_length = length[neg.hard] if neg.hard is not None else np.full(b, length[:b].max())  # chosen on the device
+        extent = np.concatenate([length[rows], length[neg.random_caption], length[rows], hard_length])
+        ids, mask = batch["caption_ids"], batch["caption_mask"]
+        text = self.net.encode_texts(ids, mask, length)
+        scores = self.net.cross(text[pair_caption], mask[pair_caption], regions[pair_image], region_mask[pair_image],
+                                extent).view(4, b).T  # (B, 4): positive, then the 3 negatives
         losses = {"match": match_nll(scores)}
         loss = losses["match"]
         if self.mvsa_loss is not None and self.mvsa_weight:
-            losses["mvsa"] = self.concept_alignment_loss(batch, regions, region_mask, random_caption, random_image)
+            losses["mvsa"] = self.concept_alignment_loss(batch, regions, region_mask, neg.random_caption, neg.random_image)
             loss = loss + self.mvsa_weight * losses["mvsa"]
         losses["loss"] = loss
         losses["accuracy"] = (scores.argmax(1) == 0).float().mean()
         return losses
 
-    def concept_alignment_loss(self, batch: dict, regions, region_mask, random_caption, random_image) -> torch.Tensor:
-        """ℓ_MVSA over the positive captions' non-sentence concepts, scored by the cross-encoder on their texts."""
+    def concept_alignment_loss(self, batch: dict, regions, region_mask, random_caption: np.ndarray,
+                               random_image: np.ndarray) -> torch.Tensor:
+        """ℓ_MVSA over the positive captions' non-sentence concepts, scored by the cross-encoder on their texts (the
+        concepts, their partners and the sample are chosen on the host)."""
         if "concept_ids" not in batch:
             raise ValueError("ViLBERT + MVSA needs the batch's concept word pieces (concept_ids): build the TokenTables "
                              "with the split's caption texts (ComposerDataModule does)")
         b = len(regions)
-        node_ptr = batch["caption_node_ptr"]
-        owner, k = expand_counts(node_ptr[1:b + 1] - node_ptr[:b])
-        partner = same_height_partners(node_ptr[:b + 1], batch["node_height"][:int(node_ptr[b])], random_caption)
-        concept_row = batch["node_concept_row"]
+        index = batch["host"]
+        node_ptr = index.node_ptr
+        owner, k = ragged_arange(np.diff(node_ptr[:b + 1]))
+        partner = same_height_partners(node_ptr[:b + 1], index.node_height[:node_ptr[b]], random_caption)
+        concept_row = index.node_concept_row
         row = concept_row[node_ptr[owner] + k]
         row_negative = concept_row[node_ptr[random_caption[owner]] + partner]
-        keep = (k != batch["caption_root"][owner]) & (row >= 0) & (row_negative >= 0)
+        keep = (k != index.caption_root[owner]) & (row >= 0) & (row_negative >= 0)
         if self.mvsa_max_concepts is not None:  # a random subset of at most M concepts per caption
             keep &= _random_rank_within(owner, keep) < self.mvsa_max_concepts
         owner, row, row_negative = owner[keep], row[keep], row_negative[keep]
         if not len(owner):
             return regions.new_zeros(())
-        needed, inverse = torch.unique(torch.cat([row, row_negative]), return_inverse=True)
-        ids, mask = batch["concept_ids"][needed], batch["concept_mask"][needed]
-        text = self.net.encode_texts(ids, mask)
+        needed, inverse = np.unique(np.concatenate([row, row_negative]), return_inverse=True)
         m = len(owner)
         concept, negative_concept = inverse[:m], inverse[m:]
-        pair_text = torch.cat([concept, negative_concept, concept])
-        pair_image = torch.cat([owner, owner, random_image[owner]])
-        s = self.net.cross(text[pair_text], mask[pair_text], regions[pair_image], region_mask[pair_image]).view(3, m)
-        return mvsa_loss(s[0], s[1], s[2], owner, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
+        dev = regions.device
+        host = np.concatenate([needed, concept, negative_concept, concept, owner, owner, random_image[owner], owner])
+        needed_d, pair_text, pair_image, owner_d = torch.from_numpy(host).to(dev).split(
+            [len(needed), 3 * m, 3 * m, m])
+        ids, mask = batch["concept_ids"][needed_d], batch["concept_mask"][needed_d]
+        lengths = index.concept_length[needed]
+        text = self.net.encode_texts(ids, mask, lengths)
+        extent = lengths[np.concatenate([concept, negative_concept, concept])]
+        s = self.net.cross(text[pair_text], mask[pair_text], regions[pair_image], region_mask[pair_image], extent).view(3, m)
+        return mvsa_loss(s[0], s[1], s[2], owner_d, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
 
     def training_step(self, batch, batch_idx):
         losses = self.compute_losses(batch)
@@ -442,11 +467,12 @@ class ViLBERTTraining(RegionRetrievalModule):
         return sentence, phrases
 
 
-def _random_rank_within(owner: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """A uniformly random rank of every kept item among its owner's kept items (dropped items rank last)."""
-    key = torch.rand(len(owner), device=owner.device) + (~keep).to(torch.float32)  # dropped items sort after kept
-    order = torch.argsort(owner.to(torch.float64) * 4 + key.to(torch.float64), stable=True)
-    rank = torch.empty_like(owner)
+def _random_rank_within(owner: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """A uniformly random rank of every kept item among its owner's kept items (dropped items rank last); drawn by
+    torch's generator on the host, ranked in NumPy."""
+    key = host_numpy(torch.rand(len(owner))) + (~keep).astype(np.float32)  # dropped items sort after kept
+    order = np.argsort(owner.astype(np.float64) * 4 + key.astype(np.float64), kind="stable")
+    rank = np.empty_like(owner)
     sorted_owner = owner[order]
-    rank[order] = torch.arange(len(owner), device=owner.device) - torch.searchsorted(sorted_owner, sorted_owner)
+    rank[order] = np.arange(len(owner)) - np.searchsorted(sorted_owner, sorted_owner)
     return rank

@@ -142,6 +142,7 @@ class _TrainCollate:
         hard = draw_hard_captions(self.pool, self.caption_ptr, self.caption_ids, visual["image_index"].numpy(), key)
         out = self.split.batch(np.concatenate([captions, hard]))
         out["hard_caption"] = torch.arange(len(items), 2 * len(items))
+        out["host"].hard_caption = np.arange(len(items), 2 * len(items))
         return {**out, **visual}
 
 

@@ -15,6 +15,7 @@ seeds with composer_world.yaml's network (:data:`WORLD_FIT_NET`) and any of its 
 
 from __future__ import annotations
 
+import copy
 from itertools import islice
 from pathlib import Path
 
@@ -161,6 +162,8 @@ def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
     swapped = dict(batch)
     swapped["primitive_ids"] = batch["primitive_ids"].roll(1, 0)
     swapped["primitive_mask"] = batch["primitive_mask"].roll(1, 0)
+    swapped["host"] = copy.copy(batch["host"])  # the host's copy of the rows' lengths rolls with them
+    swapped["host"].primitive_length = np.roll(batch["host"].primitive_length, 1)
     noun_swap = (roots(swapped, owner)[1] - score).abs().mean()
     net.train(was)
     return {"caption_gap_sigma": float(gap), "noun_swap": float(noun_swap), "image_swap": float(image_swap),

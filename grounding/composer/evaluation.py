@@ -8,11 +8,13 @@ Transformer once per tree height over all (image, application) pairs of an image
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from grounding.retrieval_metrics import DEFAULT_KS, rerank_pairs, retrieval_metrics, subset_t2i_recalls
 
-from .model import Composer, expand_counts
+from .batch import pair_schedule, ragged_arange
+from .model import Composer
 
 
 def _to(batch: dict, device) -> dict:
@@ -20,21 +22,24 @@ def _to(batch: dict, device) -> dict:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def primitive_first_stage(net: Composer, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor,
                           image_chunk: int = 64) -> torch.Tensor:
     """The rerank first stage (I, C): the mean primitive score θᵀû over each caption's primitives, for every image."""
     batch = _to(batch, regions.device)
-    n_img, n_cap = len(regions), len(batch["captions"])
+    index = batch["host"]
+    n_img, n_cap = len(regions), index.n_captions
+    n_prim = np.diff(index.prim_ptr)  # >= 1: every caption has a primitive node
     first = regions.new_zeros(n_img, n_cap, dtype=torch.float32)  # scores in float32 (under bf16 autocast too)
-    n_prim = torch.bincount(batch["prim_caption"], minlength=n_cap)  # >= 1: every caption has a primitive node
     for start in range(0, n_img, image_chunk):
-        img = torch.arange(start, min(start + image_chunk, n_img), device=regions.device)
-        pair_image, pair_caption = img.repeat(n_cap), torch.arange(n_cap, device=img.device).repeat_interleave(len(img))
-        s, ptr = _node_scores(net, batch, regions, region_mask, pair_image, pair_caption, max_height=0)
-        owner, k = expand_counts(n_prim[pair_caption])
-        total = torch.zeros(len(pair_image), device=regions.device).index_add_(0, owner, s[ptr[owner] + k])
-        first[pair_image, pair_caption] = total / n_prim[pair_caption]
+        img = np.arange(start, min(start + image_chunk, n_img))
+        pair_image, pair_caption = np.tile(img, n_cap), np.repeat(np.arange(n_cap), len(img))
+        schedule = pair_schedule(index, pair_caption, pair_image, max_height=0)
+        owner, k = ragged_arange(n_prim[pair_caption])  # a caption's primitives are its first nodes
+        schedule.attach(prim_rows=schedule.pair_ptr[owner] + k, prim_owner=owner, prim_count=n_prim[pair_caption])
+        sched = schedule.to(regions.device)
+        s, _ = _node_scores(net, batch, regions, region_mask, sched, max_height=0)
+        total = torch.zeros(len(pair_image), device=regions.device).index_add_(0, sched.prim_owner, s[sched.prim_rows])
+        first[sched.pair_image, sched.pair_caption] = total / sched.prim_count
     return first
 
 
@@ -45,47 +50,57 @@ def score_captions(net: Composer, batch: dict, regions: torch.Tensor, region_mas
     With ``rerank_top_k`` the first stage is ``first`` (I, C) or else the mean primitive score θᵀû over the
     caption's primitives (:func:`primitive_first_stage`, one cheap cross-attention layer); only each caption's
     top-K images are composed fully, and they rank above the rest (which keep their first-stage order).
+    Every index is built on the host (:func:`grounding.composer.batch.pair_schedule`); the reranked images, chosen on
+    the device, are open images there.
     """
     batch = _to(batch, regions.device)
-    n_img, n_cap = len(regions), len(batch["captions"])
-    node_ptr = batch["caption_node_ptr"]
-    root = batch["caption_root"]
-    phrase = batch.get("phrase_node", torch.zeros(0, dtype=torch.long, device=regions.device))
-    phrase_caption = torch.searchsorted(node_ptr, phrase, right=True) - 1
-    phrase_local = phrase - node_ptr[phrase_caption]
+    index = batch["host"]
+    n_img, n_cap = len(regions), index.n_captions
+    phrase = index.phrase_node if index.phrase_node is not None else np.zeros(0, dtype=np.int64)
+    phrase_caption = np.searchsorted(index.node_ptr, phrase, side="right") - 1
+    phrase_local = phrase - index.node_ptr[phrase_caption]
+
+    def schedule_of(pair_caption: np.ndarray, pair_image: np.ndarray | None):
+        """The pairs' schedule with the rows of their roots and of the phrase queries of their captions."""
+        schedule = pair_schedule(index, pair_caption, pair_image)
+        ptr = schedule.pair_ptr
+        p, q = np.nonzero(pair_caption[:, None] == phrase_caption[None, :])  # pairs of each phrase's caption
+        schedule.attach(root_rows=ptr[:-1] + index.caption_root[pair_caption], phrase_rows=ptr[p] + phrase_local[q],
+                        phrase_pair=p, phrase_query=q)
+        return schedule.to(regions.device)
+
     # float32 like the scores (Composer.score): under bf16 autocast the regions are bfloat16, whose steps would tie
     sentence = regions.new_full((n_img, n_cap), float("-inf"), dtype=torch.float32)
     phrases = regions.new_full((n_img, len(phrase)), float("-inf"), dtype=torch.float32)
     if rerank_top_k is None or rerank_top_k >= n_img:
-        images = torch.arange(n_img, device=regions.device)
         for start in range(0, n_img, image_chunk):
-            img = images[start:start + image_chunk]
-            pair_image, pair_caption = img.repeat(n_cap), torch.arange(n_cap, device=img.device).repeat_interleave(len(img))
-            s, ptr = _node_scores(net, batch, regions, region_mask, pair_image, pair_caption)
-            sentence[pair_image, pair_caption] = s[ptr[:-1] + root[pair_caption]]
-            sel = pair_caption[:, None] == phrase_caption[None, :]  # pairs of each phrase's caption
-            p, q = torch.nonzero(sel, as_tuple=True)
-            phrases[pair_image[p], q] = s[ptr[p] + phrase_local[q]]
+            img = np.arange(start, min(start + image_chunk, n_img))
+            sched = schedule_of(np.repeat(np.arange(n_cap), len(img)), np.tile(img, n_cap))
+            s, _ = _node_scores(net, batch, regions, region_mask, sched)
+            sentence[sched.pair_image, sched.pair_caption] = s[sched.root_rows]
+            phrases[sched.pair_image[sched.phrase_pair], sched.phrase_query] = s[sched.phrase_rows]
         return sentence, phrases
     if first is None:  # first stage: mean primitive score of every (image, caption)
         first = primitive_first_stage(net, batch, regions, region_mask, image_chunk)
-    pair_image, pair_caption = rerank_pairs(first, rerank_top_k)  # each caption's top K images
+    pair_image, _ = rerank_pairs(first, rerank_top_k)  # each caption's top K images (on the device)
+    pair_caption = np.tile(np.arange(n_cap), rerank_top_k)  # rerank_pairs' caption order
     offset = first.max() - first.min() + 1
     sentence = first - 2 * offset  # below every reranked score
-    phrases = first[:, phrase_caption] - 2 * offset
-    for start in range(0, len(pair_image), image_chunk * n_cap):
-        pi, pc = pair_image[start:start + image_chunk * n_cap], pair_caption[start:start + image_chunk * n_cap]
-        s, ptr = _node_scores(net, batch, regions, region_mask, pi, pc)
-        sentence[pi, pc] = s[ptr[:-1] + root[pc]]
-        sel = pc[:, None] == phrase_caption[None, :]
-        p, q = torch.nonzero(sel, as_tuple=True)
-        phrases[pi[p], q] = s[ptr[p] + phrase_local[q]]
+    phrases = first[:, torch.from_numpy(phrase_caption).to(first.device)] - 2 * offset
+    for start in range(0, len(pair_caption), image_chunk * n_cap):
+        pi = pair_image[start:start + image_chunk * n_cap]
+        sched = schedule_of(pair_caption[start:start + image_chunk * n_cap], None)
+        s, _ = _node_scores(net, batch, regions, region_mask, sched, pair_image=pi)
+        sentence[pi, sched.pair_caption] = s[sched.root_rows]
+        phrases[pi[sched.phrase_pair], sched.phrase_query] = s[sched.phrase_rows]
     return sentence, phrases
 
 
-def _node_scores(net, batch, regions, region_mask, pair_image, pair_caption, max_height=None):
-    table, ptr = net.compose(batch, regions, region_mask, pair_image, pair_caption, max_height=max_height)
-    return net.node_scores(table, ptr, regions, region_mask, pair_image), ptr
+def _node_scores(net, batch, regions, region_mask, schedule, pair_image=None, max_height=None):
+    """s of every row of the schedule's table (its pairs' images: the schedule's, or ``pair_image`` on the device)."""
+    table, ptr = net.compose(batch, regions, region_mask, pair_image, None, max_height=max_height, schedule=schedule)
+    image = schedule.pair_image if pair_image is None else pair_image
+    return net.node_scores(table, ptr, regions, region_mask, image), ptr
 
 
 def phrase_hits(top_image: torch.Tensor, denotation_ptr: torch.Tensor, denotation: torch.Tensor) -> torch.Tensor:

@@ -11,16 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
-from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, load_visual_backbone
+from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, load_visual_backbone, real_token_positions
 from grounding.nets import RecordedNet, check_choices
 from grounding.precision import full_precision
 
-from .batch import PLACEHOLDER_TYPES
+from .batch import PLACEHOLDER_TYPES, PairSchedule, pair_schedule
 
 MODULATORS = ("film", "replace", "mlp")
 READOUTS = ("cls", "mean")
@@ -145,19 +146,25 @@ class AttentionBlock(nn.Module):
     def _split(self, x):
         return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
 
+    def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values (R,heads,Lk,dh) a cross-attention takes from ``context``: computed once for contexts
+        that many query rows share (the Composition Transformer's images, ``image_stream_once``)."""
+        return self._split(self.key(context)), self._split(self.value(context))
+
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
-                ) -> torch.Tensor:
-        """``x`` (R,Lq,dim) attends to ``context`` (R,Lk,kv_dim; default x) where ``context_mask`` (R,Lk) is True."""
-        self_attention = context is None
-        context = x if context is None else context
+                keys_values: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``x`` (R,Lq,dim) attends to ``context`` (R,Lk,kv_dim; default x) where ``context_mask`` (R,Lk) is True;
+        ``keys_values``: the context's :meth:`keys_values`, precomputed (cross-attention only)."""
+        self_attention = context is None and keys_values is None
+        context = x if self_attention else context
         mask = None if context_mask is None else context_mask[:, None, None, :]
         if self.norm_first:  # pre-LN: normalise the queries (and self-attention's keys) before attending
             q_in = self.norm1(x)
             context = q_in if self_attention else context
         else:
             q_in = x
-        a = F.scaled_dot_product_attention(self._split(self.query(q_in)), self._split(self.key(context)),
-                                           self._split(self.value(context)), attn_mask=mask,
+        key, value = self.keys_values(context) if keys_values is None else keys_values
+        a = F.scaled_dot_product_attention(self._split(self.query(q_in)), key, value, attn_mask=mask,
                                            dropout_p=self.dropout.p if self.training else 0.0)
         h = x + self.dropout(self.out(a.transpose(1, 2).flatten(2)))
         if self.norm_first:
@@ -258,10 +265,13 @@ class CoAttentionBlock(nn.Module):
         self.image_from_text = (AttentionBlock(image_dim, co_heads, image_ffn_dim, dropout, kv_dim=text_dim,
                                                inner_dim=co_dim, norm_first=norm_first) if image_side else None)
 
-    def forward(self, text, text_mask, image, image_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, text, text_mask, image, image_mask, image_keys_values=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both streams through the block; ``image_keys_values``: the text direction's keys and values of ``image``,
+        precomputed (:meth:`AttentionBlock.keys_values`)."""
+        text_out = self.text_from_image(text, image, image_mask, image_keys_values)
         if self.image_from_text is None:
-            return self.text_from_image(text, image, image_mask), image
-        return self.text_from_image(text, image, image_mask), self.image_from_text(image, text, text_mask)
+            return text_out, image
+        return text_out, self.image_from_text(image, text, text_mask)
 
 
 class CompositionTransformer(nn.Module):
@@ -303,10 +313,26 @@ class CompositionTransformer(nn.Module):
             del state_dict[key]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, text, text_mask, image, image_mask) -> torch.Tensor:
-        for ts, vs, co in zip(self.text_self, self.image_self, self.co_attention):
-            text, image = ts(text, None, text_mask), vs(image, None, image_mask)
-            text, image = co(text, text_mask, image, image_mask)
+    def image_stream(self, image: torch.Tensor, image_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The part of the image stream no text reaches, once per image: the first image self-attention layer and the
+        first co-attention's keys and values of its output (with 3 layers, all the image stream does)."""
+        image = self.image_self[0](image, None, image_mask)
+        key, value = self.co_attention[0].text_from_image.keys_values(image)
+        return {"image": image, "key": key, "value": value}
+
+    def forward(self, text, text_mask, image, image_mask, stream: dict[str, torch.Tensor] | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The readout of each text row composed with its image row. ``stream``: :meth:`image_stream` of the batch's
+        images and ``rows`` each text row's image (``image`` is then unused): the same function, the text-independent
+        image layers run once per image instead of once per row (dropout drawn per image)."""
+        for i, (ts, vs, co) in enumerate(zip(self.text_self, self.image_self, self.co_attention)):
+            text = ts(text, None, text_mask)
+            if i == 0 and stream is not None:
+                image = stream["image"][rows] if co.image_from_text is not None else None
+                text, image = co(text, text_mask, image, image_mask, (stream["key"][rows], stream["value"][rows]))
+            else:
+                image = vs(image, None, image_mask)
+                text, image = co(text, text_mask, image, image_mask)
         out = self.final_norm(self.text_self[-1](text, None, text_mask))
         return out[:, 0] if self.readout == "cls" else masked_mean(out, text_mask)
 
@@ -358,7 +384,11 @@ class CompositionOptions:
     al., 2019; the suite's ViLBERT-style scores θᵀ(pool_t ⊙ pool_v)), so a concept's score is a product of text
     and image features from the first step, not only a function of v, whose image dependence the attention layers
     must first learn (docs/composer.md: 16 images, 30 steps, train text→image R@1 54.5 ± 10.1 against 31.9 ± 8.9
-    over seeds 0–7; trained on the world, level with ``linear`` over 4 seeds)."""
+    over seeds 0–7; trained on the world, level with ``linear`` over 4 seeds). ``image_stream_once`` (an
+    implementation choice, not the model's): the Composition Transformer's text-independent image computations (its
+    first image self-attention layer and the first co-attention's keys and values; with ``ct_layers: 3`` the whole
+    image stream) run once per image of the batch instead of once per (pair, application) row at every tree height.
+    The same function, its dropout drawn per image; false replays recorded runs (docs/benchmarks.md)."""
 
     primitive_cross_attention: bool = True
     primitive_queries: Literal["embeddings", "encoder"] = "embeddings"
@@ -370,6 +400,7 @@ class CompositionOptions:
     child_skip: bool = False
     composition_scale: float | None = None
     score_head: Literal["linear", "image_gated"] = "linear"
+    image_stream_once: bool = False
 
     def __post_init__(self):
         check_choices(self, primitive_queries=PRIMITIVE_QUERIES, placeholder_init=PLACEHOLDER_INITS,
@@ -400,6 +431,7 @@ class Composer(RecordedNet):
         c = composition
         self.primitive_queries = c.primitive_queries
         self.child_skip = c.child_skip
+        self.image_stream_once = c.image_stream_once
         self.region_source = region_source
         self.image_size = image_size
         z = sizes
@@ -442,18 +474,27 @@ class Composer(RecordedNet):
                                                 images, features, boxes, mask)
         return self.regions(features, boxes), mask
 
-    def word_pieces(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _real_tokens(self, lengths, ids: torch.Tensor) -> torch.Tensor | None:
+        """Host-built positions of the real word pieces, for the packed forward (None: not packing, or unknown)."""
+        if lengths is None or self.packed_tokens is False:
+            return None
+        return torch.from_numpy(real_token_positions(lengths, ids.shape[1])).to(ids.device)
+
+    def word_pieces(self, ids: torch.Tensor, mask: torch.Tensor | None = None, lengths=None) -> torch.Tensor:
         """The primitives' queries: the text encoder's word-piece embeddings (word + position + LayerNorm; the
         paper's ``primitive_queries: embeddings``) or the Predicate Transformer's output over the primitive's word
-        pieces (``encoder``)."""
+        pieces (``encoder``; ``lengths``: each row's real word pieces, known on the host)."""
         if self.primitive_queries == "encoder":
             mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
-            return self.text_proj(bert_hidden_states(self.predicate_transformer, ids, mask.long(), self.packed_tokens))
+            return self.text_proj(bert_hidden_states(self.predicate_transformer, ids, mask.long(), self.packed_tokens,
+                                                     self._real_tokens(lengths, ids)))
         return self.text_proj(self.predicate_transformer.embeddings(input_ids=ids))
 
-    def encode_predicates(self, template_ids: torch.Tensor, template_mask: torch.Tensor) -> torch.Tensor:
-        """ê for every template of the batch (image-independent: once per predicate, reused by every pair)."""
-        out = bert_hidden_states(self.predicate_transformer, template_ids, template_mask.long(), self.packed_tokens)
+    def encode_predicates(self, template_ids: torch.Tensor, template_mask: torch.Tensor, lengths=None) -> torch.Tensor:
+        """ê for every template of the batch (image-independent: once per predicate, reused by every pair);
+        ``lengths``: each template's real word pieces, known on the host."""
+        out = bert_hidden_states(self.predicate_transformer, template_ids, template_mask.long(), self.packed_tokens,
+                                 self._real_tokens(lengths, template_ids))
         return self.text_proj(out)
 
     @full_precision
@@ -479,69 +520,113 @@ class Composer(RecordedNet):
         return self.score(table, gates)
 
     # -------------------------------------------------------------------- recursion
-    def compose(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, pair_image: torch.Tensor,
-                pair_caption: torch.Tensor, max_height: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def compose(self, batch: dict, regions: torch.Tensor, region_mask: torch.Tensor, pair_image: torch.Tensor | None,
+                pair_caption: torch.Tensor | None, max_height: int | None = None,
+                schedule: PairSchedule | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Concept vectors of every node of caption ``pair_caption[p]`` grounded in image ``pair_image[p]``
         (up to ``max_height``: 0 = primitives only, the rerank first stage).
 
         Returns (table (rows, d), pair_node_ptr (P+1,)). One primitive-encoder call, one PT call, then per
         height one modulator and one Composition Transformer call over all (pair, application) of that height.
+        Every index and size comes from ``schedule`` (:func:`grounding.composer.batch.pair_schedule`, built on the
+        host from the batch's :class:`~grounding.composer.batch.CaptionIndex`); without one it is built here from the
+        pairs, read on the host (a device-to-host copy when they live on an accelerator: a training step passes its
+        schedule). With a schedule, ``pair_image`` / ``pair_caption`` None take the schedule's; ``pair_caption`` on
+        the device holds the chosen caption of each open pair.
         """
         dev = regions.device
-        node_ptr = batch["caption_node_ptr"].to(dev)
-        n_node = node_ptr[1:] - node_ptr[:-1]
-        pair_ptr = F.pad(torch.cumsum(n_node[pair_caption], 0), (1, 0))
-        table = regions.new_zeros(int(pair_ptr[-1]), self.dim)
+        if schedule is None:
+            schedule = pair_schedule(batch["host"], _host(pair_caption), _host(pair_image), max_height=max_height)
+        sched = schedule.to(dev)
+        pair_image = sched.pair_image if pair_image is None else pair_image.to(dev)
+        pair_caption = sched.pair_caption if pair_caption is None else pair_caption.to(dev)
+        pair_ptr = sched.pair_ptr
+        table = regions.new_zeros(sched.n_rows, self.dim)
+        spare = pair_ptr[1:] - 1  # an open pair's last row: where its padding rows write
 
-        # primitives: every (pair, primitive node of its caption), each distinct (image, primitive) once
-        prim_caption, prim_local = batch["prim_caption"].to(dev), batch["prim_local"].to(dev)
-        n_prim = torch.bincount(prim_caption, minlength=len(n_node))
-        prim_start = F.pad(torch.cumsum(n_prim, 0), (1, 0))[:-1]
-        pair, k = expand_counts(n_prim[pair_caption])
-        prim = prim_start[pair_caption[pair]] + k
-        unique = batch["prim_unique"].to(dev)[prim]
-        key = pair_image[pair] * batch["primitive_ids"].shape[0] + unique
-        keys, inverse = torch.unique(key, return_inverse=True)
-        img, uniq = keys // batch["primitive_ids"].shape[0], keys % batch["primitive_ids"].shape[0]
+        # primitives: every (pair, primitive node of its caption), each distinct (image, primitive) of fixed pairs once
         ids, mask = batch["primitive_ids"].to(dev), batch["primitive_mask"].to(dev)
-        queries = self.word_pieces(ids, mask)  # once per distinct primitive of the batch
-        u_hat = self.primitive_encoder(queries[uniq], mask[uniq], regions[img], region_mask[img])
-        table = table.index_put((pair_ptr[pair] + prim_local[prim],), u_hat[inverse])
+        query, query_pair, target = sched.prim_query, sched.prim_query_pair, sched.prim_target
+        if sched.n_open:  # open pairs: every primitive slot of the longest candidate, the chosen caption's kept
+            p, slot = sched.open_prim_pair, sched.open_prim_slot
+            prim_ptr = batch["caption_prim_ptr"].to(dev)
+            c = pair_caption[p]
+            first, count = prim_ptr[c], prim_ptr[c + 1] - prim_ptr[c]  # every caption has a primitive node
+            prim = first + torch.minimum(slot, count - 1)
+            query = torch.cat([query, batch["prim_unique"].to(dev)[prim]])
+            query_pair = torch.cat([query_pair, p])
+            target = torch.cat([target, torch.where(slot < count, pair_ptr[p] + batch["prim_local"].to(dev)[prim], spare[p])])
+        index = batch["host"]
+        queries = self.word_pieces(ids, mask, index.primitive_length)  # once per distinct primitive of the batch
+        img = pair_image[query_pair]
+        u_hat = self.primitive_encoder(queries[query], mask[query], regions[img], region_mask[img])
+        values = u_hat[sched.prim_inverse]
+        if sched.n_open:
+            values = torch.cat([values, u_hat[len(sched.prim_query):]])
+        table = table.index_put((target,), values)
 
         # applications, bottom-up
-        if batch["app_caption"].numel() == 0 or max_height == 0:
+        if not sched.heights or max_height == 0:
             return table, pair_ptr
-        e_hat = self.encode_predicates(batch["template_ids"].to(dev), batch["template_mask"].to(dev))
+        e_hat = self.encode_predicates(batch["template_ids"].to(dev), batch["template_mask"].to(dev), index.template_length)
         template_mask, placeholder_pos = batch["template_mask"].to(dev), batch["placeholder_pos"].to(dev)
-        app_caption, app_height = batch["app_caption"].to(dev), batch["app_height"].to(dev)
-        app_local, app_pred, app_args = batch["app_local"].to(dev), batch["app_pred"].to(dev), batch["app_args"].to(dev)
-        for h in torch.unique(app_height).tolist():
-            if max_height is not None and h > max_height:
-                break
-            apps = torch.nonzero(app_height == h).squeeze(1)  # caption order
-            n_h = torch.bincount(app_caption[apps], minlength=len(n_node))
-            start = F.pad(torch.cumsum(n_h, 0), (1, 0))[:-1]
-            pair, k = expand_counts(n_h[pair_caption])
-            app = apps[start[pair_caption[pair]] + k]
+        app_pred, app_args, app_local = batch["app_pred"].to(dev), batch["app_args"].to(dev), batch["app_local"].to(dev)
+        height_ptr = batch["caption_height_ptr"].to(dev) if sched.n_open else None
+        stream = self.composition.image_stream(regions, region_mask) if self.image_stream_once else None
+        for step in sched.heights:
+            app, pair, target = step["app"], step["pair"], step["target"]
+            row, pos, child = step["bind_row"], step["bind_pos"], step["bind_child"]
+            valid = None
+            if step["open_rows"]:
+                app, pair, target, row, pos, child, valid = self._open_rows(step, app, pair, target, row, pos, child,
+                                                                            pair_caption, height_ptr, app_pred, app_args,
+                                                                            app_local, placeholder_pos, pair_ptr, spare)
             pred = app_pred[app]
             text = e_hat[pred]
             # bind each argument's concept (a lower height: already in the table) to its placeholder
-            row, slot = torch.nonzero(app_args[app] >= 0, as_tuple=True)
-            pos = placeholder_pos[pred[row], slot]
-            child = table[pair_ptr[pair[row]] + app_args[app[row], slot]]
-            modulated = self.modulator(text[row, pos], child)
-            text = text.index_put((row, pos), modulated)
+            modulated = self.modulator(text[row, pos], table[child])
+            if valid is None:
+                text = text.index_put((row, pos), modulated)
+            else:  # padded bindings leave their row's text as it is
+                modulated = modulated * valid.unsqueeze(1).to(modulated.dtype)
+                text = _bind_where(text, row, pos, modulated, valid)
             img = pair_image[pair]
-            v = self.compose_parent(text, template_mask[pred], regions[img], region_mask[img])
+            v = self.compose_parent(text, template_mask[pred], regions, region_mask[img], stream, img)
             if self.child_skip:  # + the mean of the application's modulated children
-                n_arg = torch.bincount(row, minlength=len(v)).clamp(min=1).unsqueeze(1).to(v.dtype)
+                ones = torch.ones_like(row, dtype=v.dtype) if valid is None else valid.to(v.dtype)
+                n_arg = torch.zeros(len(v), dtype=v.dtype, device=dev).index_add_(0, row, ones).clamp(min=1).unsqueeze(1)
                 v = v + torch.zeros_like(v).index_add_(0, row, modulated.to(v.dtype)) / n_arg
-            table = table.index_put((pair_ptr[pair] + app_local[app],), v)
+            table = table.index_put((target,), v)
         return table, pair_ptr
 
-    def compose_parent(self, text, text_mask, regions, region_mask) -> torch.Tensor:
-        """The CT's readout of modulated templates, times γ with ``composition_scale``."""
-        v = self.composition(text, text_mask, regions, region_mask)
+    @staticmethod
+    def _open_rows(step, app, pair, target, row, pos, child, pair_caption, height_ptr, app_pred, app_args, app_local,
+                   placeholder_pos, pair_ptr, spare):
+        """One height's rows of the open pairs appended to the fixed ones: each open pair's caption (chosen on the
+        device) gives its applications of this height, padded to the longest candidate; a padding row composes some
+        application and writes to the pair's spare row; a padding binding is marked invalid."""
+        h, p, j = step["height"], step["open_pair"], step["open_slot"]
+        c = pair_caption[p]
+        first, count = height_ptr[c, h], height_ptr[c, h + 1] - height_ptr[c, h]
+        real = j < count
+        open_app = (first + j).clamp(max=len(app_pred) - 1)
+        app = torch.cat([app, open_app])
+        pair = torch.cat([pair, p])
+        target = torch.cat([target, torch.where(real, pair_ptr[p] + app_local[open_app], spare[p])])
+        r, o, slot = step["open_bind_row"], step["open_bind_open"], step["open_bind_slot"]
+        arg = app_args[open_app[o], slot]
+        keep = (arg >= 0) & real[o]
+        open_pos = torch.where(keep, placeholder_pos[app_pred[open_app[o]], slot], 0)
+        open_child = torch.where(keep, pair_ptr[p[o]] + arg, spare[p[o]])
+        valid = torch.cat([torch.ones_like(row, dtype=torch.bool), keep])
+        return (app, pair, target, torch.cat([row, r]), torch.cat([pos, open_pos]), torch.cat([child, open_child]), valid)
+
+    def compose_parent(self, text, text_mask, regions, region_mask, stream=None, rows=None) -> torch.Tensor:
+        """The CT's readout of modulated templates, times γ with ``composition_scale``. ``rows``: each template's row
+        of ``regions`` (its image; None: ``regions`` are aligned with the templates); ``stream``: the images'
+        precomputed :meth:`CompositionTransformer.image_stream`."""
+        image = None if stream is not None else regions if rows is None else regions[rows]
+        v = self.composition(text, text_mask, image, region_mask, stream, rows)
         return v if self.composition_gain is None else v * self.composition_gain.to(v.dtype)
 
     def forward(self, batch: dict, regions, region_mask, pair_image, pair_caption) -> torch.Tensor:
@@ -560,6 +645,24 @@ def init_placeholders(embeddings: torch.Tensor, base: int) -> None:
     norm = embeddings[:base].float().norm(dim=1).mean()
     direction = F.normalize(torch.randn(n, embeddings.shape[1]), dim=1)
     embeddings[base:] = (direction * norm).to(embeddings.dtype)
+
+
+def _bind_where(text: torch.Tensor, row: torch.Tensor, pos: torch.Tensor, modulated: torch.Tensor,
+                valid: torch.Tensor) -> torch.Tensor:
+    """``text`` (R,L,d) with ``modulated`` at (row, pos) where ``valid`` (the other bindings, at position 0, change
+    nothing): a sum into zeros and a count, so repeated padding positions neither overwrite nor double a gradient."""
+    r, length, d = text.shape
+    flat = row * length + pos
+    placed = text.new_zeros(r * length, d).index_add_(0, flat, modulated.to(text.dtype))
+    hit = text.new_zeros(r * length).index_add_(0, flat, valid.to(text.dtype)) > 0
+    return torch.where(hit.view(r, length, 1), placed.view(r, length, d), text)
+
+
+def _host(t) -> np.ndarray | None:
+    """A pair index on the host (a copy from the device when it lives on an accelerator: outside training steps)."""
+    if t is None:
+        return None
+    return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
 
 
 def expand_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ def _per_positive(per_item: torch.Tensor, owner: torch.Tensor, n_positives: int,
     if reduction != "mean":
         raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
     total = per_item.new_zeros(n_positives).index_add(0, owner, per_item)
-    count = torch.bincount(owner, minlength=n_positives).clamp(min=1).to(per_item.dtype)
+    count = per_item.new_zeros(n_positives).index_add(0, owner, torch.ones_like(per_item)).clamp(min=1)
     return (total / count).sum() / max(n_positives, 1)
 
 
@@ -53,22 +53,3 @@ def order_loss(parent: torch.Tensor, child: torch.Tensor, owner: torch.Tensor, n
                reduction: str = "sum") -> torch.Tensor:
     """ℓ_order over parent→argument edges (``owner``: the positive of each): [β − s(x, parent) + s(x, child)]₊."""
     return _per_positive(F.relu(margin - parent.float() + child.float()), owner, n_positives, reduction)
-
-
-def same_height_partners(node_ptr: torch.Tensor, node_height: torch.Tensor, partner_caption: torch.Tensor) -> torch.Tensor:
-    """For every node (c of caption j, height h): the local node c⁻ of caption ``partner_caption[j]`` that
-    ℓ_MVSA contrasts it with — the r-th node of height min(h, partner's root height), r = c's rank among
-    j's nodes of height h, cycling when the partner has fewer. (The paper derives c⁻ from the negative
-    caption without saying how; the same height keeps the pair at one granularity.)"""
-    n_cap = len(node_ptr) - 1
-    counts = node_ptr[1:] - node_ptr[:-1]
-    caption = torch.repeat_interleave(torch.arange(n_cap, device=node_ptr.device), counts)
-    local = torch.arange(len(caption), device=node_ptr.device) - node_ptr[caption]
-    top = int(node_height.max()) + 1 if len(node_height) else 1
-    per_height = torch.zeros(n_cap, top, dtype=torch.long, device=node_ptr.device)
-    per_height.index_put_((caption, node_height), torch.ones_like(caption), accumulate=True)
-    first = torch.cumsum(per_height, 1) - per_height  # local index of each height's first node
-    rank = local - first[caption, node_height]
-    partner = partner_caption[caption]
-    height = torch.minimum(node_height, (per_height[partner] > 0).long().cumsum(1)[:, -1] - 1)
-    return first[partner, height] + rank % per_height[partner, height]

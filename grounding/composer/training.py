@@ -11,20 +11,25 @@ random batch caption.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 from grounding import distributed as gdist
+from grounding.host_sync import host_numpy
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
 from grounding.paths import resolve_path
 from grounding.retrieval_metrics import RetrievalScores, load_first_stage, retrieval_metrics
 
+from .batch import pair_schedule, ragged_arange, same_height_partners
 from .diagnostics import train_recall
 from .evaluation import composer_metrics, phrase_hits, primitive_first_stage, score_captions
 from .hard_negatives import HARD_NEGATIVE_MODES
-from .model import Composer, expand_counts
-from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, order_loss, same_height_partners
+from .model import Composer
+from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, order_loss
 
 HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
@@ -119,7 +124,7 @@ class RegionRetrievalModule(GroundingModule):
             store["mask"].append(mask)
             store["image_index"].append(batch["image_index"])
         else:  # caption batches, composed with every image at the epoch's end
-            store["captions"].append({k: v.cpu() for k, v in batch.items()})
+            store["captions"].append({k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()})
 
     def external_first_stage(self, image_index: torch.Tensor) -> torch.Tensor:
         """``first_stage_scores`` checked against the test split and cut to the images evaluated here (I, N)."""
@@ -250,10 +255,9 @@ class ComposerTraining(RegionRetrievalModule):
         self.feature_cache_dir = feature_cache_dir
 
     # ---------------------------------------------------------------- training
-    def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor,
-                  hard_caption: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def negatives(self, regions: torch.Tensor, region_mask: torch.Tensor, batch: dict | None = None) -> "FourWayNegatives":
         """ℓ_match's three negatives of every positive row (:func:`four_way_negatives`)."""
-        return four_way_negatives(regions, region_mask, self.hard_negatives, hard_caption)
+        return four_way_negatives(regions, region_mask, self.hard_negatives, hard_caption_rows(batch or {}))
 
     def aux_weight(self) -> float:
         """The factor on λ₁ and λ₂ now: step / ``aux_ramp_steps`` while ramping, then 1."""
@@ -263,36 +267,52 @@ class ComposerTraining(RegionRetrievalModule):
         return min(1.0, step / self.aux_ramp_steps)
 
     def compute_losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        """ℓ_match + λ₁ ℓ_MVSA + λ₂ ℓ_order of one batch. Every index is built on the host from the batch's
+        :class:`~grounding.composer.batch.CaptionIndex` and the negatives drawn there (a hard caption chosen on the
+        device composes as an open pair): the step never waits for the device (tests/test_host_sync.py)."""
         regions, region_mask = self.regions(batch)
+        dev = regions.device
         ramp = self.aux_weight()
         b = len(regions)
-        rows = torch.arange(b, device=regions.device)
-        random_caption, random_image, hard = self.negatives(regions, region_mask, batch.get("hard_caption"))
-        pair_image = torch.cat([rows, rows, random_image, rows])
-        pair_caption = torch.cat([rows, random_caption, rows, hard])
-        table, ptr = self.net.compose(batch, regions, region_mask, pair_image, pair_caption)
-        s = self.net.node_scores(table, ptr, regions, region_mask, pair_image)
+        index = batch["host"]
+        neg = self.negatives(regions, region_mask, batch)
+        rows = np.arange(b)
+        hard = neg.hard if neg.hard is not None else np.full(b, -1)
+        schedule = pair_schedule(index, np.concatenate([rows, neg.random_caption, rows, hard]),
+                                 np.concatenate([rows, rows, neg.random_image, rows]), open_candidates=rows)
+        ptr = schedule.pair_ptr  # host
+        # ℓ_MVSA and ℓ_order run over the B positive captions (a pool batch has B hard captions after them)
+        mvsa_on = self.mvsa_loss is not None and self.mvsa_weight
+        if mvsa_on:
+            # every non-sentence concept of y_i: against c⁻ of the random caption (pair b+i) and against x⁻ (pair 2b+i)
+            node_ptr = index.node_ptr[:b + 1]
+            owner, k = ragged_arange(np.diff(node_ptr))
+            keep = k != index.caption_root[owner]
+            owner, k = owner[keep], k[keep]
+            partner = same_height_partners(node_ptr, index.node_height[:node_ptr[b]], neg.random_caption)[node_ptr[owner] + k]
+            schedule.attach(mvsa_rows=np.stack([ptr[owner] + k, ptr[b + owner] + partner, ptr[2 * b + owner] + k]),
+                            mvsa_owner=owner)
+        if self.order_weight:
+            row, slot = np.nonzero((index.app_args >= 0) & (index.app_caption < b)[:, None])
+            cap = index.app_caption[row]
+            schedule.attach(order_rows=np.stack([ptr[cap] + index.app_local[row], ptr[cap] + index.app_args[row, slot]]),
+                            order_owner=cap)
+        sched = schedule.to(dev)
+        pair_caption = sched.pair_caption if neg.hard is not None else torch.cat([sched.pair_caption[:3 * b], neg.hard_device])
+        table, ptr = self.net.compose(batch, regions, region_mask, None, pair_caption, schedule=sched)
+        s = self.net.node_scores(table, ptr, regions, region_mask, sched.pair_image)
         root = batch["caption_root"]
         scores = s[ptr[:-1] + root[pair_caption]].view(4, b).T  # (B, 4): positive, then the 3 negatives
         losses = {"match": match_nll(scores)}
         loss = losses["match"]
-        # ℓ_MVSA and ℓ_order run over the B positive captions (a pool batch has B hard captions after them)
-        node_ptr, node_height = batch["caption_node_ptr"][:b + 1], batch["node_height"][:int(batch["caption_node_ptr"][b])]
-        owner, k = expand_counts(node_ptr[1:] - node_ptr[:-1])
-        if self.mvsa_loss is not None and self.mvsa_weight:
-            # every non-sentence concept of y_i: against c⁻ of the random caption (pair b+i) and against x⁻ (pair 2b+i)
-            keep = k != root[owner]
-            owner_c, k_c = owner[keep], k[keep]
-            partner = same_height_partners(node_ptr, node_height, random_caption)[node_ptr[owner_c] + k_c]
-            losses["mvsa"] = mvsa_loss(s[ptr[owner_c] + k_c], s[ptr[b + owner_c] + partner], s[ptr[2 * b + owner_c] + k_c],
-                                       owner_c, b, self.mvsa_margin, self.mvsa_loss, self.concept_reduction)
+        if mvsa_on:
+            rows_ = sched.mvsa_rows
+            losses["mvsa"] = mvsa_loss(s[rows_[0]], s[rows_[1]], s[rows_[2]], sched.mvsa_owner, b, self.mvsa_margin,
+                                       self.mvsa_loss, self.concept_reduction)
             loss = loss + ramp * self.mvsa_weight * losses["mvsa"]
         if self.order_weight:
-            row, slot = torch.nonzero((batch["app_args"] >= 0) & (batch["app_caption"] < b)[:, None], as_tuple=True)
-            cap = batch["app_caption"][row]
-            parent = s[ptr[cap] + batch["app_local"][row]]
-            child = s[ptr[cap] + batch["app_args"][row, slot]]
-            losses["order"] = order_loss(parent, child, cap, b, self.order_margin, self.concept_reduction)
+            parent, child = s[sched.order_rows[0]], s[sched.order_rows[1]]
+            losses["order"] = order_loss(parent, child, sched.order_owner, b, self.order_margin, self.concept_reduction)
             loss = loss + ramp * self.order_weight * losses["order"]
         losses["loss"] = loss
         losses["accuracy"] = (scores.argmax(1) == 0).float().mean()
@@ -318,35 +338,60 @@ class ComposerTraining(RegionRetrievalModule):
         return score_captions(self.net, batch, regions, region_mask, self.eval_image_chunk, self.rerank_top_k, first)
 
 
+def hard_caption_rows(batch: dict) -> np.ndarray | None:
+    """A pool batch's hard-caption rows on the host: the collate's copy, or a host tensor given with the batch."""
+    rows = getattr(batch.get("host"), "hard_caption", None)
+    if rows is None and batch.get("hard_caption") is not None:
+        rows = host_numpy(batch["hard_caption"])
+    return rows
+
+
+@dataclass
+class FourWayNegatives:
+    """ℓ_match's negatives of each positive row i: (x_i, a random other caption), (a random other image, y_i) and
+    (x_i, a hard caption). The random draws are host arrays; ``hard`` is one too unless the device chose it
+    (``hard_negatives: batch``), and ``hard_device`` is always the hard caption on the regions' device."""
+
+    random_caption: np.ndarray
+    random_image: np.ndarray
+    hard: np.ndarray | None
+    hard_device: torch.Tensor
+
+
 def four_way_negatives(regions: torch.Tensor, region_mask: torch.Tensor, mode: str = "batch",
-                       hard_caption: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                       hard_caption: np.ndarray | None = None) -> FourWayNegatives:
     """(random caption, random image, hard caption) rows for every positive row of a batch, ViLBERT's retrieval
     negatives (the 4-way NLL of COMPOSER and the ViLBERT-style baseline). ``mode`` ``pool``: ``hard_caption``, the
     batch's pool rows; ``batch``: the caption of the batch image nearest by mean region token, other than the
-    random one; ``random``: another random batch caption."""
+    random one (chosen on the device); ``random``: another random batch caption. The random rows are drawn on the
+    host by torch's generator (a CPU run draws the same stream as before they moved to the host)."""
     b = len(regions)
     if b < 3:
         raise ValueError(f"the 4-way retrieval loss needs at least 3 pairs a batch; got {b} (raise batch_size)")
-    rows = torch.arange(b, device=regions.device)
-    random_caption = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
-    random_image = (rows + torch.randint(1, b, (b,), device=rows.device)) % b
+    rows = torch.arange(b)
+    random_caption = (rows + torch.randint(1, b, (b,))) % b
+    random_image = (rows + torch.randint(1, b, (b,))) % b
+    dev = regions.device
+    hard = hard_device = None
     if mode == "pool":
         if hard_caption is None:
             raise ValueError("hard_negatives: pool needs batches with hard captions: set the DataModule's "
                              "hard_negatives to pool as well (the CLI links it from the model's)")
-        hard = hard_caption.to(rows.device)
+        hard = np.asarray(hard_caption, dtype=np.int64)
     elif mode == "batch":
         with torch.no_grad():
             m = region_mask.unsqueeze(-1).to(regions.dtype)
             pooled = F.normalize((regions * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
             sim = pooled @ pooled.T
             sim.fill_diagonal_(float("-inf"))
-            sim[rows, random_caption] = float("-inf")  # a different negative from the random one
-            hard = sim.argmax(1)
+            sim[torch.arange(b, device=dev), random_caption.to(dev)] = float("-inf")  # other than the random one
+            hard_device = sim.argmax(1)
     else:
-        hard = (random_caption + torch.randint(1, b - 1, (b,), device=rows.device)) % b
-        hard = torch.where(hard == rows, (hard + 1) % b, hard)
-    return random_caption, random_image, hard
+        other = (random_caption + torch.randint(1, b - 1, (b,))) % b
+        hard = host_numpy(torch.where(other == rows, (other + 1) % b, other))
+    if hard_device is None:
+        hard_device = torch.from_numpy(hard).to(dev)
+    return FourWayNegatives(host_numpy(random_caption), host_numpy(random_image), hard, hard_device)
 
 
 def _unique_first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
