@@ -151,6 +151,15 @@ demo: install  ## generate the embedded world and run every stage on it at tiny 
 	  echo "== $$step done at +$$(( $$(date +%s) - start ))s"; done; \
 	echo "demo finished in $$(( $$(date +%s) - start ))s: outputs/ (checkpoints, search grid, COMPOSER graph and split), reports/, $(WORLD)/"
 
+# Every model a few steps at the papers' shapes (paper configs' networks, the world's data, the paper's per-device batch,
+# bf16-mixed): steps/s, peak GPU memory, host synchronisations a step and the GPU-hours of each paper table at that rate;
+# reports/gpu_check/<device>.md and .json. The CPU form (the slow test tier runs it): GPU_CHECK_ARGS="--accelerator cpu --steps 2".
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check: install  ## every model trained a few steps at the papers' shapes on a GPU: steps/s, memory, syncs, GPU-hours per paper table
+	$(call first,$(WORLD)/world.json,world)
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
 bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores)
 	$(PY) benchmarks/bench_vgbert.py
 	$(PY) benchmarks/bench_text_stream.py

@@ -34,12 +34,14 @@ touch /tmp/v/.grounding-installed
 # `python -m grounding` with the CSV logger appended after the stage's configs
 printf 'import runpy, sys\na = sys.argv[1:]\nif a and a[0] in ("fit", "test", "validate", "predict"):\n    a += ["--trainer.logger", "grounding.loggers.CSVLogger"]\nsys.argv = ["grounding", *a]\nrunpy.run_module("grounding", run_name="__main__", alter_sys=True)\n' > /tmp/gpu_cli.py
 log "setup done"
-for step in ${STEPS:-bench-cross demo-composer stage1 vilbert stage2 stage3 baseline vse}; do
+for step in ${STEPS:-gpu-check bench-cross demo-composer stage1 vilbert stage2 stage3 baseline vse}; do
   s=$(date +%s)
   # each log line stamped with the seconds since the step began: a step cut off by STEP_TIMEOUT still shows where it was
   set -o pipefail
   case $step in  # bench-cross: COMPOSER's and ViLBERT-style's steps timed by part, with the host syncs of each
     bench-cross) cmd=(python3 benchmarks/bench_cross_encoder_train.py --steps 20 --warmup 3 --packed false);;
+    # every model at the papers' shapes: steps/s, memory, syncs, GPU-hours per paper table (report in $OUT/gpu_check)
+    gpu-check) cmd=(python3 benchmarks/gpu_check.py --out "$OUT/gpu_check" ${GPU_CHECK_ARGS:-});;
     *) cmd=(make --no-print-directory "$step" VENV=/tmp/v CLI="python3 /tmp/gpu_cli.py");;
   esac
   if timeout "${STEP_TIMEOUT:-600}" "${cmd[@]}" 2>&1 \
