@@ -3,10 +3,18 @@ hyperparameters, and copying prefixed weights into a model's submodules with str
 
 Every stage that starts from another stage's checkpoint (``init_from``) and the SemCLIP VLM adapter
 read checkpoints through here.
+
+A checkpoint is data, never code: every file a user might have received is read by :func:`load_checkpoint_file`,
+``torch.load(weights_only=True)`` (tensors, containers, numbers, strings: what the suite writes). A file whose pickle
+names anything else (a class to build, a function to call: how a hostile ``.ckpt`` runs code) is refused with one
+line naming the file and what it needs; ``GROUNDING_TRUST_CHECKPOINTS=1`` is the only way to load it anyway.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -18,6 +26,39 @@ from grounding.nets import class_of, net_hparams
 
 class CheckpointError(MissingWeightsError, FileNotFoundError):
     """A checkpoint named by ``init_from`` is missing, unreadable or does not fit the model."""
+
+
+TRUST_ENV = "GROUNDING_TRUST_CHECKPOINTS"
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose pickle would build objects or call functions beyond plain data (possibly running code)."""
+
+
+def trusted() -> bool:
+    """Does the user load checkpoints that need more than plain data (``GROUNDING_TRUST_CHECKPOINTS=1``)?"""
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def load_checkpoint_file(path: str | Path, what: str = "checkpoint", mmap: bool = False):
+    """``torch.load`` of a file a user might have received, on the CPU, as plain data only (``weights_only=True``).
+
+    A file that needs anything else raises :class:`UnsafeCheckpointError` (one line: the file, the global its pickle
+    names, the switch) unless ``GROUNDING_TRUST_CHECKPOINTS=1``; then it is loaded whole, and Lightning's own loads of
+    the run are allowed the same (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). Other failures propagate."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise  # not a pickle torch can read at all (a truncated or foreign file): the caller says so
+        if not trusted():
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            needs = found.group(1) if found else "an object beyond tensors and plain values"
+            raise UnsafeCheckpointError(
+                f"{what} {path} needs {needs} to load, and loading it could run code: the suite loads only tensors and "
+                f"plain values; if you trust where the file came from, set {TRUST_ENV}=1") from None
+        os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # Lightning's own load of the same file
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
 
 
 def require_checkpoint_file(path: str | Path, what: str, fix: str) -> Path:
@@ -36,7 +77,7 @@ def checkpoint_class(path: str | Path) -> str | None:
     """The LightningModule class a checkpoint records (``hyper_parameters._class_path``, written by the CLI)."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - an unreadable file is reported where it is loaded
+    except Exception:  # noqa: BLE001 - an unreadable or unsafe file is reported where it is loaded
         return None
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     return hparams.get("_class_path") if isinstance(hparams, dict) else None
@@ -59,7 +100,9 @@ def check_stage_checkpoint(path: str | Path, what: str, prefixes: tuple[str, ...
     ``what`` checkpoint). Memory-mapped: only the checkpoint's index is read, not its tensors."""
     path = Path(path).expanduser()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = load_checkpoint_file(path, f"{option} {what} checkpoint", mmap=True)
+    except UnsafeCheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
         raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
     state = state.get("state_dict", state) if isinstance(state, dict) else {}
@@ -76,12 +119,11 @@ def read_checkpoint(path: str | Path, what: str) -> dict:
         raise CheckpointError(f"{what} checkpoint {path} not found. Train that stage first (see `make stage2` in "
                               "the README) or set init_from to its .ckpt file (outputs/<run>/checkpoints/last.ckpt).")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        try:  # this suite's own Lightning checkpoints may hold non-tensor hyperparameters
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
+        ckpt = load_checkpoint_file(path, f"{what} checkpoint")
+    except UnsafeCheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise CheckpointError(f"Cannot read {what} checkpoint {path}: {e}") from e
     if isinstance(ckpt, dict) and "state_dict" in ckpt:
         return {"state_dict": ckpt["state_dict"], "hyper_parameters": dict(ckpt.get("hyper_parameters") or {})}
     if isinstance(ckpt, dict) and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
@@ -119,4 +161,4 @@ def load_submodules(target: torch.nn.Module, ckpt: dict, prefixes: dict[str, str
         module.load_state_dict({k: found[k] for k in own}, strict=True)
 
 
-__all__ = ["CheckpointError", "read_checkpoint", "load_submodules"]
+__all__ = ["CheckpointError", "UnsafeCheckpointError", "load_checkpoint_file", "read_checkpoint", "load_submodules"]

@@ -39,7 +39,7 @@ import data_modules.similarity_lists  # noqa: F401
 import data_modules.visual_genome  # noqa: F401
 import grounding.semclip  # noqa: F401 - registers the STE and alignment stages
 import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
-from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, require_checkpoint_file
+from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, load_checkpoint_file, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.nets import class_of, moved_options, regrouped_spec
@@ -225,6 +225,7 @@ class GroundingCLI(LightningCLI):
                 require_checkpoint_file(section.ckpt_path, "--ckpt_path",
                                         "give a .ckpt file of the run (outputs/<run>/checkpoints/last.ckpt), or `last` / "
                                         "`best` with the run's --trainer.default_root_dir")
+                load_checkpoint_file(section.ckpt_path, "--ckpt_path", mmap=True)  # plain data, or one line and exit 2
                 model = section.get("model")
                 check_checkpoint_class(section.ckpt_path, model.get("class_path") if model is not None else None)
 
@@ -236,7 +237,7 @@ class GroundingCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = load_checkpoint_file(ckpt_path, "--ckpt_path", mmap=True).get("hyper_parameters", {})
         hparams.pop("_instantiator", None)
         if not hparams:
             return

@@ -478,7 +478,9 @@ def learnable_parameters(checkpoint: str | os.PathLike) -> int | None:
     try:
         import torch  # heavy: only to read the checkpoint's optimizer state
 
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        from grounding.checkpoints import load_checkpoint_file  # heavy (torch): only to read that checkpoint
+
+        ckpt = load_checkpoint_file(checkpoint, "sweep run checkpoint", mmap=True)
     except Exception as e:  # noqa: BLE001 - a count the result can go without
         print(f"[sweep] learnable parameters: cannot read {checkpoint} ({type(e).__name__}: {e})", file=sys.stderr)
         return None

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback
 
-from grounding.checkpoints import CheckpointError
+from grounding.checkpoints import CheckpointError, UnsafeCheckpointError, load_checkpoint_file
 from grounding.errors import UserInputError
 
 RECORD_KEY = "training_images"
@@ -197,10 +197,14 @@ def from_checkpoint(record, path: str | None = None, shift: int = 0) -> list[dic
 
 def _load(path: Path) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return load_checkpoint_file(path, "checkpoint", mmap=True)
+    except UnsafeCheckpointError:
+        raise
     except Exception:  # noqa: BLE001 - an old (non-zip) file cannot be memory-mapped: read it whole
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return load_checkpoint_file(path, "checkpoint")
+        except UnsafeCheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
             raise CheckpointError(f"Cannot read checkpoint {path}: {e}") from e
 

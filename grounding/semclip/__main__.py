@@ -27,7 +27,7 @@ import numpy as np
 from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
-from grounding.checkpoints import require_checkpoint_of
+from grounding.checkpoints import load_checkpoint_file, require_checkpoint_of
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
 from grounding.semclip.alignment import check_fitted_vlm, load_transform, minilm_lexical_variants
@@ -66,6 +66,7 @@ def _build_lists(args):
 def _export(args):
     require_checkpoint_of(args.ckpt, SemanticTextEmbedding, "export --ckpt",
                           "give a checkpoint of the STE stage (`make ste` writes outputs/semclip/ste_wordnet/checkpoints)")
+    load_checkpoint_file(args.ckpt, "export --ckpt", mmap=True)  # plain data, or one line
     module = SemanticTextEmbedding.load_from_checkpoint(args.ckpt, map_location="cpu")
     print(f"wrote {module.embedding().save(args.out)}")
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_modules.wordnet_lists import LEMMA_KEY
+from grounding.checkpoints import CheckpointError, load_checkpoint_file
 from grounding.errors import MissingInputError, UserInputError
 from grounding.lexicon import load_spacy, wordnet
 from grounding.nets import RecordedNet, net_hparams
@@ -86,7 +87,13 @@ def load_transform(path: str | Path) -> tuple[AlignmentTransform, dict]:
     if not p.is_file():
         raise MissingInputError(f"No alignment transform at {p}: train one with `python -m grounding fit --config "
                                 "experiments/semclip/align_world.yaml` (it writes model.init_args.export_path).")
-    obj = torch.load(p, map_location="cpu", weights_only=False)
+    try:
+        obj = load_checkpoint_file(p, "alignment transform")
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - not a file torch.save wrote: the user's to fix
+        raise MissingInputError(f"{p} is not an alignment transform (unreadable by torch.load: {type(e).__name__}); "
+                                "give the export_path file of an alignment run or its checkpoint") from None
     if isinstance(obj, dict) and obj.get("format", "").startswith("semclip-alignment-transform"):
         t = AlignmentTransform(obj["in_dim"], obj["out_dim"], obj["hidden"])
         t.load_state_dict(obj["state_dict"])

@@ -84,7 +84,7 @@ def caption_targets(ste, captions: Sequence[str], lexical_variants: bool = True,
     the file by the STE, the captions and the settings), so a second VLM on the same captions pays only its encoding."""
     if cache is not None and Path(cache).is_file():
         try:
-            stored = torch.load(cache, map_location="cpu", weights_only=False)
+            stored = torch.load(cache, map_location="cpu", weights_only=True)
             if len(stored["captions"]) == len(stored["targets"]) and stored["targets"].shape[1] == ste.dim:
                 return list(stored["captions"]), stored["targets"]
         except Exception:  # noqa: BLE001 - unreadable or another layout: rebuilt below, never trusted
@@ -181,7 +181,7 @@ class AlignmentPairsDataModule(LightningDataModule):
             if not self.hparams.cache:
                 return  # the key is in the file name
             try:  # an explicit cache path is reused only for the same VLM, STE and captions
-                if torch.load(path, map_location="cpu", weights_only=False).get("meta", {}).get("key") == self.cache_key():
+                if torch.load(path, map_location="cpu", weights_only=True).get("meta", {}).get("key") == self.cache_key():
                     return
             except Exception:  # unreadable: rebuilt below, never trusted
                 pass
@@ -207,7 +207,7 @@ class AlignmentPairsDataModule(LightningDataModule):
             path = self.cache_path()
             if not path.is_file():
                 self.prepare_data()
-            self.pairs = torch.load(path, map_location="cpu", weights_only=False)
+            self.pairs = torch.load(path, map_location="cpu", weights_only=True)
         return self.pairs
 
     # ------------------------------------------------------------------------------ splits

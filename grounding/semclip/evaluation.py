@@ -122,7 +122,7 @@ def cached_encode(embedder: TextEncoderEmbedder, texts: Sequence[str], cache: Pa
     for start in range(0, len(texts), chunk):
         path = folder / f"{start:08d}.pt"
         if path.is_file():
-            parts.append(torch.load(path))
+            parts.append(torch.load(path, map_location="cpu", weights_only=True))
             continue
         parts.append(embedder.encode(texts[start:start + chunk]))
         with atomic_path(path, suffix=".pt") as tmp:

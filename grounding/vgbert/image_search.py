@@ -21,6 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from data_modules.images import build_transform
+from grounding.checkpoints import load_checkpoint_file
 from grounding.encoders import load_tokenizer
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import cache_dir
@@ -54,6 +55,7 @@ class Searcher:
             raise SearchError(f"--ckpt {ckpt} not found: train the search heads first "
                               "(python -m grounding fit --config experiments/vgbert/search_tiny.yaml).")
         self.ckpt, self.ckpt_sha1 = ckpt, sha1_of_file(ckpt)
+        load_checkpoint_file(ckpt, "--ckpt", mmap=True)  # plain data, or one line (Lightning's load below is the same)
         self.module = SearchHeads.load_from_checkpoint(ckpt, map_location=device, init_from=None)
         self.module.eval().to(device)
         self.device = device
