@@ -193,3 +193,22 @@ def test_the_host_arrays_own_their_memory():
         while isinstance(base, np.ndarray):
             base = base.base
         assert base is None or isinstance(base, (bytes, bytearray)), f"{name} views {type(base).__name__}"
+
+
+@pytest.mark.parametrize("rerank_top_k", [None, 2])
+def test_exhaustive_and_reranked_scoring_never_wait_for_the_device(rerank_top_k):
+    """COMPOSER's evaluation of a caption batch against every image (exhaustive, or each caption's top-K images of
+    the primitive first stage, chosen on the device): 0 host synchronisations."""
+    from test_composer_model import tiny_graph, tiny_net
+
+    from grounding.composer.batch import composition_batch
+    from grounding.composer.evaluation import score_captions
+
+    graph, tables, _ = tiny_graph(failed=True)
+    net = tiny_net()
+    batch = composition_batch(graph, tables, [0, 1, 2, 3], phrase_seed=0)
+    regions, mask = net.embed_regions(torch.randn(5, 3, 32, 32))
+    with torch.no_grad(), SyncCounter() as syncs:
+        sentence, phrases = score_captions(net, batch, regions, mask, image_chunk=2, rerank_top_k=rerank_top_k)
+    assert syncs.total == 0, syncs.summary()
+    assert sentence.shape == (5, 4) and torch.isfinite(sentence).all()
