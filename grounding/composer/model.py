@@ -665,13 +665,6 @@ def _host(t) -> np.ndarray | None:
     return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
 
 
-def expand_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(owner, index within owner) for ``counts[i]`` items of every owner i, owners in order."""
-    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
-    start = F.pad(torch.cumsum(counts, 0), (1, 0))[:-1]
-    return owner, torch.arange(len(owner), device=counts.device) - start[owner]
-
-
 def compose_node_by_node(net: Composer, batch: dict, regions, region_mask, pair_image, pair_caption) -> torch.Tensor:
     """The recursion as the paper states it, one (pair, node) at a time: the reference the level-batched
     :meth:`Composer.compose` is tested and benchmarked against. Returns the same flat table."""

@@ -306,8 +306,8 @@ class ComposerTraining(RegionRetrievalModule):
         losses = {"match": match_nll(scores)}
         loss = losses["match"]
         if mvsa_on:
-            rows_ = sched.mvsa_rows
-            losses["mvsa"] = mvsa_loss(s[rows_[0]], s[rows_[1]], s[rows_[2]], sched.mvsa_owner, b, self.mvsa_margin,
+            positive, negative_concept, negative_image = sched.mvsa_rows
+            losses["mvsa"] = mvsa_loss(s[positive], s[negative_concept], s[negative_image], sched.mvsa_owner, b, self.mvsa_margin,
                                        self.mvsa_loss, self.concept_reduction)
             loss = loss + ramp * self.mvsa_weight * losses["mvsa"]
         if self.order_weight:
