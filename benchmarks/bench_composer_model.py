@@ -21,9 +21,9 @@ import torch
 
 from data_modules.synthetic import generate_world
 from grounding.composer.batch import TokenTables, composition_batch
-from grounding.composer.build import build_concept_graph
 from grounding.composer.captions import read_captions
 from grounding.composer.evaluation import score_captions
+from grounding.composer.graph_build import build_concept_graph
 from grounding.composer.model import Composer, ComposerSizes, compose_node_by_node
 from grounding.encoders import load_tokenizer
 from grounding.paths import resolve_path

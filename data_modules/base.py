@@ -19,7 +19,7 @@ from grounding.training_images import checkpoint_training_keys, file_key, key_se
 
 from .captions import CAPTIONS_PER_EPOCH, SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler, ResumableLoader
 from .collate import CaptionEvalCollate, CaptionTrainCollate
-from .errors import WORLD_HINT, MalformedDataError, MissingDataError, check_images_exist, require_file, require_root
+from .file_checks import WORLD_HINT, MalformedDataError, MissingDataError, check_images_exist, require_file, require_root
 from .images import build_transform
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from grounding.training_images import image_key
 
 from .base import CaptionDataModule
 from .captions import CaptionSplit
-from .errors import WORLD_HINT, MalformedDataError, malformed, require_file, resolve
+from .file_checks import WORLD_HINT, MalformedDataError, malformed, require_file, resolve
 from .formats import COCO_SCHEMA, CaptionImage, read_coco_json
 from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
 

@@ -18,7 +18,7 @@ from grounding.training_images import flickr_file_key
 
 from .base import CaptionDataModule
 from .captions import CaptionSplit, group_captions
-from .errors import WORLD_HINT, MalformedDataError, MissingDataError, require_file, resolve
+from .file_checks import WORLD_HINT, MalformedDataError, MissingDataError, require_file, resolve
 from .formats import read_flickr_token_pairs, read_text, split_lines
 from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
 

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 
 from .base import GroundingDataModule
-from .errors import MalformedDataError, MissingDataError, require_root
+from .file_checks import MalformedDataError, MissingDataError, require_root
 from .images import ImageDataset
 
 LAYOUT = """  <root>/train/<class>/<image>.JPEG   (one folder per class; ImageNet: n01440764/ ...)

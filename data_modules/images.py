@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 
-from .errors import CorruptImageError, MissingDataError
+from .file_checks import CorruptImageError, MissingDataError
 
 
 def build_transform(image_size: int = 224, resize_size: int = 256, mean: Sequence[float] = IMAGENET_MEAN,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .captions import SPLITS
-from .errors import MalformedDataError
+from .file_checks import MalformedDataError
 from .formats import CaptionImage, karpathy_caption, read_karpathy_json
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.utils.io import atomic_path, sha1_of_json
 
-from .errors import iter_json_array
+from .file_checks import iter_json_array
 
 FORMAT_VERSION = 1
 MANIFEST = "crops.json"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MalformedDataError, MissingDataError
+from .file_checks import MalformedDataError, MissingDataError
 from .formats import load_json
 
 TSV_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")

@@ -30,7 +30,7 @@ from grounding.utils.io import atomic_path, sha1_of_json
 
 from .base import GroundingDataModule
 from .collate import tokenize
-from .errors import (
+from .file_checks import (
     WORLD_HINT,
     MalformedDataError,
     check_images_exist,

@@ -15,11 +15,18 @@ import importlib.util
 import sys
 import warnings
 
-# old dotted name -> new dotted name (issue 30 item 9: names that say what the module holds)
+# old dotted name -> new dotted name (names that say what the module holds)
 RENAMED_MODULES = {
     "grounding.semclip.align": "grounding.semclip.alignment_training",  # SemCLIPAlignment (Γ_t's LightningModule)
     "grounding.semclip.alignment_pairs": "grounding.semclip.alignment_data",  # AlignmentPairsDataModule
     "grounding.vgbert.search": "grounding.vgbert.image_search",  # the `python -m` image-search command
+    # names that say which is which: VG-BERT's dual encoder vs COMPOSER's VSE/ViLBERT; the data file checks vs the
+    # suite's error reporting; COMPOSER's per-caption CRG extraction vs the graph build over a caption set
+    "grounding.vgbert.baseline": "grounding.vgbert.dual_encoder",
+    "grounding.composer.baselines": "grounding.composer.vse_vilbert",
+    "data_modules.errors": "data_modules.file_checks",
+    "grounding.composer.crg": "grounding.composer.crg_extraction",
+    "grounding.composer.build": "grounding.composer.graph_build",
 }
 
 

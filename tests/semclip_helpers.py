@@ -30,7 +30,7 @@ def save_module(module, path: Path, class_path: str, run_config: dict | None = N
 
 
 def tiny_baseline_ckpt(folder: Path, seed: int = 0) -> Path:
-    from grounding.vgbert.baseline import DualEncoder, DualEncoderBaseline
+    from grounding.vgbert.dual_encoder import DualEncoder, DualEncoderBaseline
 
     torch.manual_seed(seed)
     module = DualEncoderBaseline(DualEncoder(**TINY_VLM), feature_cache=False).eval()

@@ -130,7 +130,7 @@ def test_the_scan_sees_the_suite():
             "grounding.semclip.vlm"} <= set(SOURCES)
     assert any(i.importer == "grounding.vgbert.pretrain" and i.target == "grounding.lightning" for i in ALL_IMPORTS)
     assert layer("grounding.retrieval_training") == 0 and layer("grounding.utils.io") == 0
-    assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg") == 2
+    assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg_extraction") == 2
     assert layer("grounding.semclip.alignment_data") == 3 and layer("benchmarks.bench_vgbert") == 5
     assert layer("grounding.leaderboard.board") == 4 and layer("grounding.cli") == 4 and layer("grounding.sweep") == 4
     assert layer("grounding.composer.__main__") == 4 and layer("grounding.stage_config") == 0
@@ -148,7 +148,7 @@ def test_the_cli_imports_every_stage_package_by_name_in_its_source():
 def test_a_module_loaded_by_name_is_seen():
     """``importlib.import_module("grounding.cli")`` in a paper module is an upward import like any other."""
     source = 'import importlib\n\n\ndef load():\n    return importlib.import_module("grounding.cli")\n'
-    found = _imports("grounding.composer.crg", source)
+    found = _imports("grounding.composer.crg_extraction", source)
     assert [(i.target, i.in_function) for i in found] == [("grounding.cli", True)]
     assert layer(found[0].target) > layer(found[0].importer)
 

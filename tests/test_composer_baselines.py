@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_composer_model import tiny_graph, tiny_net
 
-from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.composer.batch import composition_batch, same_height_partners
 from grounding.composer.data import SplitGraph
 from grounding.composer.evaluation import phrase_hits
 from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, ComposerSizes, region_features
+from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.retrieval_metrics import retrieval_metrics

@@ -9,7 +9,7 @@ import torch
 from test_composer_model import TREES, tiny_net
 from test_configs import offline_overrides
 
-from data_modules.errors import MalformedDataError
+from data_modules.file_checks import MalformedDataError
 from grounding.cli import main
 from grounding.composer import ConceptGraph, extract_crg, hard_negatives
 from grounding.composer.batch import TokenTables, composition_batch

@@ -236,8 +236,8 @@ def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):
     COMPOSER's evaluation failed to fill a bfloat16 matrix with its float32 scores, and ViLBERT-style's rounded its
     scores to bfloat16, whose steps of 0.06 near 10 tie close images). Same recalls as in float32 here (8 images, seed 0:
     t2i R@1 12.5 and 10.0 in both precisions)."""
-    from grounding.composer.baselines import ViLBERT, ViLBERTTraining
     from grounding.composer.diagnostics import train_recall
+    from grounding.composer.vse_vilbert import ViLBERT, ViLBERTTraining
 
     torch.manual_seed(0)
     vilbert = ViLBERT(text_encoder="minilm", backbone="efficientnet_lite0", image_size=128, image_layers=2,

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from data_modules import FlickrDataModule
-from data_modules.errors import MalformedDataError
+from data_modules.file_checks import MalformedDataError
 from grounding.cli import main as cli_main
 from grounding.composer import backend_available, read_captions, write_karpathy_split
 from grounding.composer.__main__ import main

@@ -20,7 +20,7 @@ from data_modules import (
     VocabularyLabelMapping,
 )
 from data_modules.captions import EpochSampler
-from data_modules.errors import iter_json_array
+from data_modules.file_checks import iter_json_array
 from data_modules.visual_genome import VGFilters, VGSplit
 from grounding.nets import constructor_args
 
@@ -828,7 +828,7 @@ def test_trainer_epochs_sample_captions_reproducibly(tmp_path):
 
 
 def test_malformed_flickr_token_line_names_file_line_and_format(tmp_path):
-    from data_modules.errors import MalformedDataError
+    from data_modules.file_checks import MalformedDataError
     from data_modules.flickr import read_token_file
 
     f = tmp_path / "Flickr8k.token.txt"

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from grounding.composer.baselines import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.composer.data import ComposerDataModule, CRGParsing, HardNegativePool
 from grounding.composer.model import Composer, ComposerSizes, CompositionOptions
 from grounding.composer.training import ComposerTraining
+from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTTraining, VSETraining
 from grounding.host_sync import SyncCounter, host_numpy
 
 

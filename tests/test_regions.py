@@ -12,7 +12,7 @@ import torch
 from test_composer_model import tiny_net
 from torchvision.transforms.functional import to_pil_image
 
-from data_modules.errors import MalformedDataError, MissingDataError
+from data_modules.file_checks import MalformedDataError, MissingDataError
 from data_modules.images import build_transform
 from data_modules.regions import BoxStore, RegionStore, image_keys, read_npz_regions
 from grounding.composer.data import collate_visual

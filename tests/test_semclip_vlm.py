@@ -26,7 +26,7 @@ def test_dual_encoder_checkpoint_round_trip(tiny_world, tmp_path, monkeypatch):
     assert vlm.mean == (0.5, 0.5, 0.5) and vlm.image_size == 64 and vlm.dim == vlm.net.language_head.out_features
 
     # the same numbers as the module the checkpoint was written from
-    from grounding.vgbert.baseline import DualEncoder, DualEncoderBaseline
+    from grounding.vgbert.dual_encoder import DualEncoder, DualEncoderBaseline
 
     torch.manual_seed(0)
     ref = DualEncoderBaseline(DualEncoder(**TINY_VLM), feature_cache=False).eval()
@@ -73,14 +73,14 @@ def test_vse_checkpoint_pools_its_regions(tiny_world, tmp_path, monkeypatch):
     """COMPOSER's VSE as a VLM: the same vectors as VSE's own encode_images over its grid regions (pixels, and
     cached maps up to float16) and encode_texts."""
     from data_modules.collate import tokenize
-    from grounding.composer.baselines import VSE, VSETraining
+    from grounding.composer.vse_vilbert import VSE, VSETraining
     from grounding.semclip.vlm import load_vlm
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(2)
     module = VSETraining(VSE(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, image_size=64,
                              dim=24), feature_cache=False).eval()
-    ckpt = save_module(module, tmp_path / "vse" / "checkpoints" / "last.ckpt", "grounding.composer.baselines.VSETraining",
+    ckpt = save_module(module, tmp_path / "vse" / "checkpoints" / "last.ckpt", "grounding.composer.vse_vilbert.VSETraining",
                        {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64})
     vlm = load_vlm(f"suite:{ckpt}")
     assert vlm.kind == "VSETraining" and vlm.dim == 24 and vlm.image_size == 64

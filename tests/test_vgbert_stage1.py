@@ -12,7 +12,7 @@ from run_helpers import FakeImages
 from grounding import feature_cache as fcache
 from grounding.contrastive import cross_modal_contrastive_loss
 from grounding.retrieval_training import collect_eval_outputs
-from grounding.vgbert.baseline import DualEncoder
+from grounding.vgbert.dual_encoder import DualEncoder
 from grounding.vgbert.match_map import chunked_match_scores, einsum_match_scores, match_map, match_map_scores, pair_loop_scores
 from grounding.vgbert.pretrain import MatchMapGrounding
 from grounding.vgbert.streams import LanguageStream, VisualStream, word_mask

@@ -6,10 +6,10 @@
 * :mod:`.mcd`      — compound divergence and maximum-compound-divergence splits (§5.1, App. B).
 """
 
-from .build import BuildReport, build_concept_graph, extract_all
 from .captions import CaptionFileError, CaptionSet, read_captions, read_coco_captions, read_flickr_tokens, read_karpathy_json
 from .concept_graph import ConceptGraph, LevelBatch, StringTable, format_stats
-from .crg import CONCEPT_TAGS, PRIMITIVE_TAGS, CaptionCRG, Predicate, degrade_tree, extract_crg
+from .crg_extraction import CONCEPT_TAGS, PRIMITIVE_TAGS, CaptionCRG, Predicate, degrade_tree, extract_crg
+from .graph_build import BuildReport, build_concept_graph, extract_all
 from .mcd import (
                   ATOM_ALPHA,
                   COMPOUND_ALPHA,

@@ -39,9 +39,9 @@ from grounding.paths import shared_data_dir
 from grounding.stage_config import config_options_first
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
-from .build import build_concept_graph
 from .captions import C30K_IMAGES, C30K_SEED, C30K_SPLITS, MCD_CAPTIONS_PER_IMAGE, CaptionFileError, c30k, read_captions
 from .concept_graph import ConceptGraph, format_stats
+from .graph_build import build_concept_graph
 from .mcd import make_mcd_splits
 from .parsing import BACKENDS, DEFAULT_BACKEND, ParserUnavailableError, backend_available
 

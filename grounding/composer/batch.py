@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .concept_graph import OK, ConceptGraph
-from .crg import CONCEPT_TAGS, PRIMITIVE_TAGS
+from .crg_extraction import CONCEPT_TAGS, PRIMITIVE_TAGS
 
 # The syntactic placeholders of templates ("[NP] running on [NP]"), one new word piece each, appended
 # after the text encoder's vocabulary in this order. An argument is a primitive or a concept-tagged

@@ -20,7 +20,7 @@ import numpy as np
 from grounding.errors import MissingInputError
 from grounding.utils.io import atomic_path
 
-from .crg import CaptionCRG
+from .crg_extraction import CaptionCRG
 
 FORMAT_VERSION = 1
 # caption_status values

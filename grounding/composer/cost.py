@@ -25,8 +25,8 @@ from grounding.nets import build_net
 from grounding.stage_config import expand_config_bases, stage_config_parser
 
 from . import model as composer_model
-from .build import texts_batch
 from .concept_graph import OK, ConceptGraph
+from .graph_build import texts_batch
 from .model import Composer
 from .parsing import DEFAULT_BACKEND
 from .training import ComposerTraining

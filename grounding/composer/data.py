@@ -27,16 +27,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from data_modules.base import CaptionDataModule, GroundingDataModule
 from data_modules.captions import CAPTIONS_PER_EPOCH, CaptionDataset, CaptionRoundsSampler, EpochSampler, ResumableLoader
-from data_modules.errors import MalformedDataError, MissingDataError
+from data_modules.file_checks import MalformedDataError, MissingDataError
 from data_modules.formats import load_json
 from data_modules.regions import BoxStore, RegionStore
 from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.paths import resolve_path
 
 from .batch import TokenTables, composition_batch
-from .build import build_concept_graph
 from .captions import CaptionSet
 from .concept_graph import OK, ConceptGraph
+from .graph_build import build_concept_graph
 from .hard_negatives import HARD_NEGATIVE_MODES, draw_hard_captions, hard_draws, training_pool
 from .parsing import DEFAULT_BACKEND
 

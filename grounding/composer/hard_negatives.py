@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_modules.errors import MalformedDataError, MissingDataError
+from data_modules.file_checks import MalformedDataError, MissingDataError
 from grounding.feature_cache import CachedFeatureLoader, cache_key, pixel_loader
 from grounding.paths import cache_dir, resolve_path
 from grounding.utils.io import atomic_path, sha1_of_file, sha1_of_json

@@ -35,7 +35,7 @@ HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
 
 class RegionRetrievalModule(GroundingModule):
-    """What COMPOSER and its baselines (:mod:`grounding.composer.baselines`) share on a
+    """What COMPOSER and its baselines (:mod:`grounding.composer.vse_vilbert`) share on a
     :class:`grounding.composer.data.ComposerDataModule`: the DataModule checks, region tokens from the network's
     ``embed_regions`` (grid / boxes / detector files, the frozen backbone for the feature cache), and the
     evaluation over the two eval loaders (the split's images, then caption batches scored against every image

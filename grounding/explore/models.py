@@ -38,9 +38,9 @@ from data_modules.collate import tokenize
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, checkpoint_class, read_checkpoint
 from grounding.cli import build_stage, resolved_config
-from grounding.composer.baselines import VSETraining
-from grounding.composer.build import texts_batch
+from grounding.composer.graph_build import texts_batch
 from grounding.composer.training import ComposerTraining, RegionRetrievalModule
+from grounding.composer.vse_vilbert import VSETraining
 from grounding.errors import UserInputError
 from grounding.leaderboard.board import ModelEntry, TestSet, missing_files, reference_data
 from grounding.lexicon import wordnet

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from data_modules.errors import MalformedDataError, MissingDataError
+from data_modules.file_checks import MalformedDataError, MissingDataError
 from data_modules.formats import read_caption_texts
 from grounding.composer.captions import CaptionFileError
 from grounding.composer.captions import read_captions as read_caption_set

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_modules.errors import MissingDataError
+from data_modules.file_checks import MissingDataError
 from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.composer.captions import read_captions as read_caption_set
 from grounding.lexicon import wordnet

@@ -3,7 +3,7 @@
 * :class:`SuiteVLM`: a checkpoint of the suite's own CLIP-style models, the dual-encoder baseline
   (:class:`grounding.vgbert.DualEncoderBaseline`), the VG-BERT search heads
   (:class:`grounding.vgbert.SearchHeads`: image side F_V, text side F_L) or COMPOSER's VSE baseline
-  (:class:`grounding.composer.baselines.VSETraining`, grid regions: the mean of its region embeddings). Architecture, tokenizer and
+  (:class:`grounding.composer.vse_vilbert.VSETraining`, grid regions: the mean of its region embeddings). Architecture, tokenizer and
   image size come from the checkpoint's hyperparameters; the pixel normalisation from the run's
   ``config.yaml`` (written beside ``checkpoints/`` by the CLI) when present.
 * :class:`HFCLIP`: a Hugging Face CLIP from a local folder.
@@ -30,11 +30,11 @@ from data_modules.collate import tokenize
 from data_modules.images import build_transform, open_rgb
 from grounding import feature_cache as fcache
 from grounding.checkpoints import CheckpointError, read_checkpoint
-from grounding.composer.baselines import VSETraining
+from grounding.composer.vse_vilbert import VSETraining
 from grounding.encoders import load_tokenizer
 from grounding.errors import MissingInputError
 from grounding.nets import build_net
-from grounding.vgbert.baseline import DualEncoderBaseline
+from grounding.vgbert.dual_encoder import DualEncoderBaseline
 from grounding.vgbert.search_heads import SearchHeads
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")

@@ -8,7 +8,7 @@ search heads (§4.5) — :class:`SearchHeads`.
 """
 
 from grounding.vgbert.streams import LanguageStream, VisualStream  # noqa: I001  (first: stage 2 builds on it)
-from grounding.vgbert.baseline import DualEncoderBaseline
+from grounding.vgbert.dual_encoder import DualEncoderBaseline
 from grounding.vgbert.pretrain import GroundingPretrain, MatchMapGrounding
 from grounding.vgbert.relational import (BilinearRelation, CrossModalAttention, ObjectClassifier,
                                          VGBertRelational)

@@ -12,7 +12,7 @@ import numpy as np
 from .batch import TokenTables, composition_batch
 from .captions import CaptionSet
 from .concept_graph import ConceptGraph
-from .crg import CaptionCRG, degrade_tree, extract_crg
+from .crg_extraction import CaptionCRG, degrade_tree, extract_crg
 from .parsing import DEFAULT_BACKEND, parse_captions
 
 log = logging.getLogger(__name__)

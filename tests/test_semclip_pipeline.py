@@ -93,7 +93,7 @@ def test_a_second_vlm_reuses_the_caption_targets(semclip_inputs, tmp_path, monke
 
 def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):
     """caption_images (a Flickr-style image list) keeps the training photos' captions, and keys the cache."""
-    from data_modules.errors import MalformedDataError, MissingDataError
+    from data_modules.file_checks import MalformedDataError, MissingDataError
     from grounding.semclip.alignment_data import AlignmentPairsDataModule, read_captions
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
