@@ -490,7 +490,7 @@ composer-splits: install  ## COMPOSER: test the world checkpoint on the MCD + gr
 	@test -f $(COMPOSER_SPLITS)/mcd.json || { echo "no $(COMPOSER_SPLITS)/mcd.json: making the world's MCD split first"; \
 	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_world.yaml --out $(COMPOSER_SPLITS); }
 	$(call first,$(COMPOSER_OUT)/checkpoints/last.ckpt,composer)
-	$(PY) -m grounding.composer evaluate-splits --config $(COMPOSER_CONFIG) --ckpt $(COMPOSER_OUT)/checkpoints/last.ckpt \
+	$(PY) -m grounding.leaderboard.evaluate_splits --config $(COMPOSER_CONFIG) --ckpt $(COMPOSER_OUT)/checkpoints/last.ckpt \
 	  --splits $(COMPOSER_SPLITS) --out $(COMPOSER_SPLITS_OUT) $(COMPOSER_SPLITS_ARGS)
 
 # COMPOSER's Table 6 columns: parameters per part and FLOPs of one (image, caption) pair (App. A's example caption,

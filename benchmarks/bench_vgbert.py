@@ -322,6 +322,7 @@ def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_to
     """Stage-1 training steps through the real fit loop (DataLoader, JPEG decoding, Lightning, Adam) on Flickr8k
     photos: the frozen backbone recomputed on pixels vs its maps read from the cache, per backbone."""
     from data_modules import FlickrDataModule  # noqa: PLC0415 - data modules are needed by this section only
+    from data_modules.options import SplitSubsets  # noqa: PLC0415 - as above
 
     root = resolve_path("../shared/data/flickr8k")
     if not (Path(root) / "Flickr8k.token.1000img.txt").is_file():
@@ -331,7 +332,7 @@ def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_to
 
     def data():  # a fresh DataModule per fit: the cache swaps the image loading of the datasets it is given
         return FlickrDataModule(root=str(root), captions_file="Flickr8k.token.1000img.txt", batch_size=batch,
-                                eval_batch_size=batch, num_workers=0, train_subset=images, test_subset=batch)
+                                eval_batch_size=batch, subsets=SplitSubsets(train=images, test=batch))
 
     print(f"\n[stage-1 training through trainer.fit, Flickr8k photos (JPEG, 224px crops), MiniLM with its top 4 layers "
           f"trained, batch {batch}, median of {steps} steps after one]")

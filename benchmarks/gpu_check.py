@@ -249,7 +249,7 @@ def check_config(row: Row, args, stand_ins: list[str]) -> dict:
             data["init_args"][key] = paper_data[key]
     if args.batch_size:
         data["init_args"]["batch_size"] = args.batch_size
-    data["init_args"]["num_workers"] = args.num_workers
+    data["init_args"].setdefault("loader", {})["num_workers"] = args.num_workers
     net = model.get("init_args", {}).get("net", {}).get("init_args", {})
     if net.get("region_source") == "files":
         root = REPO / data["init_args"]["captions"]["init_args"]["root"]

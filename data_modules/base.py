@@ -13,40 +13,46 @@ import numpy as np
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD, load_tokenizer
+from grounding.encoders import load_tokenizer
+from grounding.nets import regroup_init
 from grounding.paths import resolve_path
 from grounding.training_images import checkpoint_training_keys, file_key, key_set, overlapping, parse_key
 
-from .captions import CAPTIONS_PER_EPOCH, SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler, ResumableLoader
+from .captions import SPLITS, CaptionDataset, CaptionRoundsSampler, CaptionSplit, EpochSampler, ResumableLoader
 from .collate import CaptionEvalCollate, CaptionTrainCollate
 from .file_checks import WORLD_HINT, MalformedDataError, MissingDataError, check_images_exist, require_file, require_root
 from .images import build_transform
+from .options import SUBSET_RENAMES, CaptionLoaderOptions, ImageTransform, LoaderOptions, SplitSubsets
 
 log = logging.getLogger(__name__)
 
 
 class GroundingDataModule(LightningDataModule):
-    """Shared knobs: tokenizer, transform and DataLoader settings. Subclasses build ``self.datasets``
-    (split -> Dataset) in ``_build_datasets`` and give collate functions in ``_collate``."""
+    """Shared knobs: the tokenizer (``text_encoder``, ``max_length``), the batch sizes, ``transform`` (an
+    :class:`~data_modules.options.ImageTransform`: sizes and normalisation) and ``loader`` (a
+    :class:`~data_modules.options.LoaderOptions`: workers, pinned memory, ``drop_last``), ``seed`` (the training
+    order's, and each subclass's seeded draws). The groups' fields are also attributes (``self.image_size``,
+    ``self.num_workers``). Subclasses build ``self.datasets`` (split -> Dataset) in ``_build_datasets`` and give
+    collate functions in ``_collate``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        regroup_init(cls)  # a group given as a mapping, or a field given flat (a run recorded before the groups)
 
     def __init__(self, root: str, text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 32,
-                 eval_batch_size: int | None = None, num_workers: int = 0, image_size: int = 224,
-                 resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
-                 std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
-                 drop_last: bool = False):
+                 eval_batch_size: int | None = None, transform: ImageTransform = ImageTransform(),
+                 loader: LoaderOptions = LoaderOptions(), seed: int = 0):
         super().__init__()
         self.root = root
         self.text_encoder = text_encoder
         self.max_length = max_length
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.image_size = image_size
-        self.resize_size = resize_size
-        self.mean, self.std = tuple(mean), tuple(std)
+        self.transform_options, self.loader_options = transform, loader
+        self.image_size, self.resize_size = transform.image_size, transform.resize_size
+        self.mean, self.std = tuple(transform.mean), tuple(transform.std)
+        self.num_workers, self.pin_memory, self.drop_last = loader.num_workers, loader.pin_memory, loader.drop_last
         self.seed = seed
-        self.pin_memory = pin_memory
-        self.drop_last = drop_last
         self.datasets: dict[str, Dataset] | None = None
         self._tokenizer = None
 
@@ -59,6 +65,7 @@ class GroundingDataModule(LightningDataModule):
 
     @property
     def transform(self) -> Callable:
+        """The images' torchvision transform, built from the ``transform`` option group."""
         return build_transform(self.image_size, self.resize_size, self.mean, self.std)
 
     @property
@@ -182,38 +189,32 @@ class CaptionDataModule(GroundingDataModule):
     """Image-caption DataModules (COCO, Flickr): subclasses implement ``read_splits`` returning a
     :class:`CaptionSplit` per split name; images are checked on disk up front.
 
-    ``train_subset``: a seeded random subset of N training images (COMPOSER's C30K is 29,000 COCO
-    images); ``test_subset``: the first N test images (the COCO 1K test is the first 1,000); ``val_subset``:
-    the first N validation images (an exhaustive validation on COCO's 5,000 is too slow for COMPOSER).
-    ``exclude_eval_images``: checkpoints (``.ckpt``: every image their record says they and the checkpoints
-    they were built from trained on) or image lists (one key a line: ``coco:397133``, ``flickr:<id>``,
-    ``vg:<id>``, ``file:<name>``) whose images leave the val and test splits (before the subsets), so a stage
-    built from an earlier one is evaluated on held-out images (grounding.training_images).
-    ``captions_per_epoch``: ``one`` (a seeded draw of one caption per image an epoch) or ``all`` (every caption of
-    every training image once an epoch, in rounds: :class:`~data_modules.captions.CaptionRoundsSampler`).
+    ``subsets`` (a :class:`~data_modules.options.SplitSubsets`): a seeded random sample of N training images
+    (``train``; COMPOSER's C30K is 29,000 COCO images), the first N validation / test images (``val`` / ``test``; the
+    COCO 1K test is the first 1,000). ``exclude_eval_images``: checkpoints (``.ckpt``: every image their record says
+    they and the checkpoints they were built from trained on) or image lists (one key a line: ``coco:397133``,
+    ``flickr:<id>``, ``vg:<id>``, ``file:<name>``) whose images leave the val and test splits (before the subsets), so
+    a stage built from an earlier one is evaluated on held-out images (grounding.training_images). ``loader`` (a
+    :class:`~data_modules.options.CaptionLoaderOptions`) adds ``captions_per_epoch``: ``one`` (a seeded draw of one
+    caption per image an epoch) or ``all`` (every caption of every training image once an epoch, in rounds:
+    :class:`~data_modules.captions.CaptionRoundsSampler`).
     """
 
     dataset_name = "captions"
     layout = ""
     hint = WORLD_HINT
     required_splits: tuple[str, ...] = SPLITS  # splits that must have images (a test-only reader: ("test",))
+    # the subset options that changed their names as they moved into ``subsets`` (grounding.nets.moved_options)
+    renamed_options = SUBSET_RENAMES
 
     def __init__(self, root: str, text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 32,
-                 eval_batch_size: int | None = None, num_workers: int = 0, image_size: int = 224,
-                 resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
-                 std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
-                 drop_last: bool = False, train_subset: int | None = None, test_subset: int | None = None,
-                 val_subset: int | None = None, exclude_eval_images: list[str] | str | None = None,
-                 captions_per_epoch: str = "one"):
-        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last)
-        if captions_per_epoch not in CAPTIONS_PER_EPOCH:
-            raise ValueError(f"{type(self).__name__}: captions_per_epoch must be one of {CAPTIONS_PER_EPOCH}; "
-                             f"got {captions_per_epoch!r}")
-        self.captions_per_epoch = captions_per_epoch
-        self.train_subset = train_subset
-        self.test_subset = test_subset
-        self.val_subset = val_subset
+                 eval_batch_size: int | None = None, transform: ImageTransform = ImageTransform(),
+                 loader: CaptionLoaderOptions = CaptionLoaderOptions(), seed: int = 0,
+                 subsets: SplitSubsets = SplitSubsets(), exclude_eval_images: list[str] | str | None = None):
+        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, transform, loader, seed)
+        self.captions_per_epoch = loader.captions_per_epoch
+        self.subsets = subsets
+        self.train_subset, self.val_subset, self.test_subset = subsets.train, subsets.val, subsets.test
         self.set_excluded_eval_images(exclude_eval_images)
         self.split_keys: dict[str, np.ndarray] = {}
 

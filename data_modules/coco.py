@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.training_images import image_key
 
 from .base import CaptionDataModule
@@ -21,6 +20,7 @@ from .captions import CaptionSplit
 from .file_checks import WORLD_HINT, MalformedDataError, malformed, require_file, resolve
 from .formats import COCO_SCHEMA, CaptionImage, read_coco_json
 from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
+from .options import CaptionLoaderOptions, ImageTransform, SplitSubsets
 
 COCO_LAYOUT = """\
   <root>/annotations/captions_train2017.json   official COCO captions ("images" + "annotations")
@@ -52,17 +52,12 @@ class CocoCaptionsDataModule(CaptionDataModule):
     def __init__(self, root: str = "data/world/coco", layout: Literal["official", "karpathy"] = "official",
                  karpathy_file: str | None = None, use_restval: bool = True, train_set: str = "train2017",
                  val_set: str = "val2017", text_encoder: str = "minilm", max_length: int = 32,
-                 batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
-                 image_size: int = 224, resize_size: int = 256,
-                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
-                 seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None,
-                 exclude_eval_images: list[str] | str | None = None,
-                 captions_per_epoch: str = "one"):
-        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
-                         val_subset=val_subset, exclude_eval_images=exclude_eval_images,
-                         captions_per_epoch=captions_per_epoch)
+                 batch_size: int = 32, eval_batch_size: int | None = None,
+                 transform: ImageTransform = ImageTransform(), loader: CaptionLoaderOptions = CaptionLoaderOptions(),
+                 seed: int = 0, subsets: SplitSubsets = SplitSubsets(),
+                 exclude_eval_images: list[str] | str | None = None):
+        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, transform, loader, seed, subsets,
+                         exclude_eval_images)
         if layout not in ("official", "karpathy"):
             raise ValueError(f"CocoCaptionsDataModule: layout must be 'official' or 'karpathy', not {layout!r}")
         self.coco_layout = layout

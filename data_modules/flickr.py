@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.training_images import flickr_file_key
 
 from .base import CaptionDataModule
@@ -21,6 +20,7 @@ from .captions import CaptionSplit, group_captions
 from .file_checks import WORLD_HINT, MalformedDataError, MissingDataError, require_file, resolve
 from .formats import read_flickr_token_pairs, read_text, split_lines
 from .karpathy import karpathy_entries, karpathy_sentences, karpathy_split
+from .options import CaptionLoaderOptions, ImageTransform, SplitSubsets
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,21 @@ def unlisted_captioned(captions: dict[str, list[str]], listed: set[str], image_d
     return counts
 
 
+def listed_uncaptioned(listed: list[str], captions: dict[str, list[str]], image_dir: Path, list_path: Path,
+                       token_path: Path) -> dict[str, int]:
+    """A split list's names that the token file has no captions for: left out of the split, counted and said (one
+    warning line naming an example): ``photos`` on disk (a token file covering only some photos, on purpose) and
+    ``no_photo`` names of no file at all (a typo, or photos not copied)."""
+    names = sorted(set(listed) - set(captions))
+    no_photo = [n for n in names if not (image_dir / n).is_file()]
+    if names:
+        example = no_photo[0] if no_photo else names[0]
+        log.warning("Flickr: %s lists %d image(s) that %s has no captions for, left out of the split (%d with no "
+                    "photo in %s, e.g. %r)", list_path.name, len(names), token_path.name, len(no_photo), image_dir,
+                    example)
+    return {"photos": len(names) - len(no_photo), "no_photo": len(no_photo)}
+
+
 class FlickrDataModule(CaptionDataModule):
     """Flickr30K / Flickr8k captions (see the module docstring).
 
@@ -73,8 +88,8 @@ class FlickrDataModule(CaptionDataModule):
     list file, default Flickr8k's official lists; val may be named "val" or "dev"), ``image_dir``
     (relative to root). With neither file set, a Karpathy file in root is used if present, else a
     token file. Real Flickr8k with only a subset of the photos: set ``captions_file`` to a token
-    file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``train_subset`` / ``val_subset`` /
-    ``test_subset``: a seeded sample of N training images / the first N dev / test images (the scaling curve; a
+    file listing just those (e.g. ``Flickr8k.token.1000img.txt``). ``subsets`` (``train`` / ``val`` /
+    ``test``): a seeded sample of N training images / the first N dev / test images (the scaling curve; a
     cross-encoder's affordable validation). ``test_only``: train and val may be
     empty (an evaluation-only Karpathy file such as an MCD split of ``python -m grounding.composer mcd``).
     ``exclude_eval_images``: checkpoints or image lists whose images leave val/test (see
@@ -89,17 +104,12 @@ class FlickrDataModule(CaptionDataModule):
     def __init__(self, root: str = "data/world/flickr", karpathy_file: str | None = None,
                  captions_file: str | None = None, split_files: dict[str, str] | None = None,
                  image_dir: str | None = None, text_encoder: str = "minilm", max_length: int = 32,
-                 batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
-                 image_size: int = 224, resize_size: int = 256,
-                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
-                 seed: int = 0, pin_memory: bool = False, drop_last: bool = False,
-                 train_subset: int | None = None, test_subset: int | None = None, val_subset: int | None = None,
-                 test_only: bool = False, exclude_eval_images: list[str] | str | None = None,
-                 captions_per_epoch: str = "one"):
-        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last, train_subset, test_subset,
-                         val_subset=val_subset, exclude_eval_images=exclude_eval_images,
-                         captions_per_epoch=captions_per_epoch)
+                 batch_size: int = 32, eval_batch_size: int | None = None,
+                 transform: ImageTransform = ImageTransform(), loader: CaptionLoaderOptions = CaptionLoaderOptions(),
+                 seed: int = 0, subsets: SplitSubsets = SplitSubsets(), test_only: bool = False,
+                 exclude_eval_images: list[str] | str | None = None):
+        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, transform, loader, seed, subsets,
+                         exclude_eval_images)
         if karpathy_file and captions_file:
             raise ValueError("FlickrDataModule: set karpathy_file OR captions_file, not both")
         self.karpathy_file = karpathy_file
@@ -162,6 +172,7 @@ class FlickrDataModule(CaptionDataModule):
             return splits
 
         captions = read_token_file(path, self.dataset_name)
+        self.listed_uncaptioned: dict[str, dict[str, int]] = {}
         split_files = self.split_files or DEFAULT_SPLIT_FILES
         listed_names: set[str] = set()
         for split, name in split_files.items():
@@ -174,6 +185,7 @@ class FlickrDataModule(CaptionDataModule):
             for file_name in listed:  # the split = its listed images that have captions
                 if file_name in captions:
                     splits[split].add(image_dir / file_name, captions[file_name], flickr_file_key(file_name))
+            self.listed_uncaptioned[split] = listed_uncaptioned(listed, captions, image_dir, list_path, path)
             listed_names.update(listed)
         self.unlisted_captioned = unlisted_captioned(captions, listed_names, image_dir)
         self._captions_path = path

@@ -20,11 +20,10 @@ from typing import Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
-
 from .base import GroundingDataModule
 from .file_checks import MalformedDataError, MissingDataError, require_root
 from .images import ImageDataset
+from .options import ImageTransform, LoaderOptions
 
 LAYOUT = """  <root>/train/<class>/<image>.JPEG   (one folder per class; ImageNet: n01440764/ ...)
   <root>/val/<class>/<image>.JPEG     (classes named as in train)
@@ -68,18 +67,16 @@ class ImageFolderDataModule(GroundingDataModule):
     ``augment``: training crops as the official script (``RandomResizedCrop(image_size)`` + horizontal flip);
     off: every split gets the evaluation transform (Resize ``resize_size`` + CenterCrop ``image_size``), which
     lets the frozen-backbone feature cache hold the training split too (with ``augment`` it caches val / test
-    only). ``image_size``, ``mean`` and ``std`` follow the model's network (linked by the CLI).
+    only). ``transform``'s ``image_size``, ``mean`` and ``std`` follow the model's network (linked by the CLI).
     """
 
     dataset_name = "ImageFolder"
 
-    def __init__(self, root: str, batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
-                 image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
-                 std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
-                 drop_last: bool = False, augment: bool = False):
-        super().__init__(root, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
-                         image_size=image_size, resize_size=resize_size, mean=mean, std=std, seed=seed,
-                         pin_memory=pin_memory, drop_last=drop_last)
+    def __init__(self, root: str, batch_size: int = 32, eval_batch_size: int | None = None,
+                 transform: ImageTransform = ImageTransform(), loader: LoaderOptions = LoaderOptions(), seed: int = 0,
+                 augment: bool = False):
+        super().__init__(root, batch_size=batch_size, eval_batch_size=eval_batch_size, transform=transform,
+                         loader=loader, seed=seed)
         self.augment = augment
         self._listing: dict[str, dict[str, list[Path]]] = {}
 

@@ -206,54 +206,45 @@ def cleaning_key(root: Path, params: dict, object_classes_file: Path, merge_file
                        "relation_merge": sha1_of_file(merge_file)}}
 
 
-def clean_visual_genome(root: str | Path, out: str | Path, min_predicate_count: int = 250, min_triplets: int = 5,
-                        test_size: float = 5000, val_size: float = 0, seed: int = 0, unlisted: str = "drop",
-                        object_classes_file: str | Path = OBJECT_CLASSES_FILE,
-                        merge_file: str | Path = RELATION_MERGE_FILE, force: bool = False,
-                        verbose: bool = True) -> dict:
-    """Clean ``root/relationships.json`` into ``out`` (reused when its inputs match); returns the result."""
-    root, out = Path(root), Path(out)
-    object_classes_file, merge_file = Path(object_classes_file), Path(merge_file)
-    if unlisted not in ("drop", "keep"):
-        raise VGCleaningError(f"unlisted must be 'drop' or 'keep', got {unlisted!r}.")
-    params = dict(min_predicate_count=int(min_predicate_count), min_triplets=int(min_triplets),
-                  test_size=float(test_size), val_size=float(val_size), seed=int(seed), unlisted=unlisted)
-    rel_path = root / "relationships.json"
-    if not rel_path.is_file():
-        _load_relationships(rel_path)  # raises the explanatory error
-    key = sha1_of_json(cleaning_key(root, params, object_classes_file, merge_file))
-    if out.is_file() and not force:
-        try:
-            cached = json.loads(out.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            cached = None
-        if isinstance(cached, dict) and cached.get("key") == key:
-            if not split_file_for(out).is_file():
-                atomic_write_json(split_file_for(out), datamodule_split(cached["split"]))
-            if verbose:
-                print(f"Reusing {out} (inputs unchanged).")
-                print_statistics(cached)
-            return cached
+def _reusable_output(out: Path, key: str, verbose: bool) -> dict | None:
+    """The cleaned file at ``out`` when it was made from the same inputs (``key``), its DataModule split file
+    rewritten if missing; None when it must be cleaned again (another key, or unreadable)."""
+    try:
+        cached = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        cached = None
+    if isinstance(cached, dict) and cached.get("key") == key:
+        if not split_file_for(out).is_file():
+            atomic_write_json(split_file_for(out), datamodule_split(cached["split"]))
+        if verbose:
+            print(f"Reusing {out} (inputs unchanged).")
+            print_statistics(cached)
+        return cached
+    return None
 
-    records = _load_relationships(rel_path)
-    merge = load_relation_merge(merge_file)
-    classes = load_object_classes(object_classes_file)
-    classifier = SynsetClassifier(classes)
 
-    # 1. Predicate frequencies over the whole dataset (normalised surface forms).
+def _relation_labels(records: list[dict], merge: dict[str, str], min_predicate_count: int,
+                     unlisted: str) -> tuple[collections.Counter, set[str], dict[str, str], list[str]]:
+    """App. A.3.2's relation labels: the normalised predicates seen more than ``min_predicate_count`` times, merged
+    by the Table 4 table (``unlisted`` ones kept as themselves or dropped), labels ordered by their instances.
+    Returns (every predicate's count, the frequent ones, frequent predicate -> label, the labels)."""
     counts = collections.Counter(normalize_predicate(r.get("predicate", "")) for rec in records
                                  for r in rec["relationships"])
     counts.pop("", None)
-    frequent = {p for p, c in counts.items() if c > params["min_predicate_count"]}  # "more than 250 instances"
+    frequent = {p for p, c in counts.items() if c > min_predicate_count}  # "more than 250 instances"
     predicate_map = {p: merge.get(p, p if unlisted == "keep" else None) for p in frequent}
     predicate_map = {p: lab for p, lab in predicate_map.items() if lab is not None}
     label_counts = collections.Counter()
     for p, lab in predicate_map.items():
         label_counts[lab] += counts[p]
     relation_labels = sorted(label_counts, key=lambda lab: (-label_counts[lab], lab))
-    label_index = {lab: i for i, lab in enumerate(relation_labels)}
+    return counts, frequent, predicate_map, relation_labels
 
-    # 2. Per image: kept triplets (mapped predicate), de-duplicated, and the objects they use.
+
+def _kept_images(records: list[dict], predicate_map: dict[str, str], label_index: dict[str, int],
+                 classifier: SynsetClassifier, min_triplets: int) -> list[dict]:
+    """Per image with at least ``min_triplets`` kept triplets: its triplets with a mapped predicate (one per
+    subject, label, object; none relating an object to itself) and the objects they use, each with its class."""
     images = []
     for rec in records:
         objects: dict[int, dict] = {}
@@ -277,11 +268,14 @@ def clean_visual_genome(root: str | Path, out: str | Path, min_predicate_count: 
                 continue
             seen.add(triplet)
             triplets.append([*triplet, str(r.get("predicate", ""))])
-        if len(triplets) >= params["min_triplets"]:
+        if len(triplets) >= min_triplets:
             images.append({"image_id": rec["image_id"], "objects": list(objects.values()),
                            "triplets": triplets})  # [subject object_id, label id, object object_id, raw predicate]
+    return images
 
-    # 3. Seeded split of the kept images.
+
+def _split_images(images: list[dict], params: dict, rel_path: Path) -> tuple[list, list, list]:
+    """A seeded train / val / test split of the kept images' ids (each image's ``split`` set too)."""
     ids = sorted(img["image_id"] for img in images)
     if not ids:
         raise VGCleaningError(f"No image of {rel_path} keeps {params['min_triplets']} triplets with predicates seen "
@@ -295,6 +289,43 @@ def clean_visual_genome(root: str | Path, out: str | Path, min_predicate_count: 
     split_of = {**{i: "train" for i in train}, **{i: "val" for i in val}, **{i: "test" for i in test}}
     for img in images:
         img["split"] = split_of[img["image_id"]]
+    return train, val, test
+
+
+def clean_visual_genome(root: str | Path, out: str | Path, min_predicate_count: int = 250, min_triplets: int = 5,
+                        test_size: float = 5000, val_size: float = 0, seed: int = 0, unlisted: str = "drop",
+                        object_classes_file: str | Path = OBJECT_CLASSES_FILE,
+                        merge_file: str | Path = RELATION_MERGE_FILE, force: bool = False,
+                        verbose: bool = True) -> dict:
+    """Clean ``root/relationships.json`` into ``out`` (reused when its inputs match); returns the result."""
+    root, out = Path(root), Path(out)
+    object_classes_file, merge_file = Path(object_classes_file), Path(merge_file)
+    if unlisted not in ("drop", "keep"):
+        raise VGCleaningError(f"unlisted must be 'drop' or 'keep', got {unlisted!r}.")
+    params = dict(min_predicate_count=int(min_predicate_count), min_triplets=int(min_triplets),
+                  test_size=float(test_size), val_size=float(val_size), seed=int(seed), unlisted=unlisted)
+    rel_path = root / "relationships.json"
+    if not rel_path.is_file():
+        _load_relationships(rel_path)  # raises the explanatory error
+    key = sha1_of_json(cleaning_key(root, params, object_classes_file, merge_file))
+    if out.is_file() and not force:
+        cached = _reusable_output(out, key, verbose)
+        if cached is not None:
+            return cached
+
+    records = _load_relationships(rel_path)
+    merge = load_relation_merge(merge_file)
+    classes = load_object_classes(object_classes_file)
+    classifier = SynsetClassifier(classes)
+
+    # 1. Predicate frequencies over the whole dataset (normalised surface forms), merged into Table 4's labels.
+    counts, frequent, predicate_map, relation_labels = _relation_labels(records, merge, params["min_predicate_count"],
+                                                                        unlisted)
+    # 2. Per image: kept triplets (mapped predicate), de-duplicated, and the objects they use.
+    images = _kept_images(records, predicate_map, {lab: i for i, lab in enumerate(relation_labels)}, classifier,
+                          params["min_triplets"])
+    # 3. Seeded split of the kept images.
+    train, val, test = _split_images(images, params, rel_path)
 
     n_objects = sum(len(img["objects"]) for img in images)
     n_classified = sum(o["class"] >= 0 for img in images for o in img["objects"])

@@ -22,7 +22,6 @@ from typing import Callable, Iterator, Literal, Protocol, Sequence, runtime_chec
 import numpy as np
 import torch
 
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.nets import check_choices
 from grounding.paths import cache_dir, resolve_path
 from grounding.training_images import image_keys, overlapping
@@ -43,6 +42,7 @@ from .file_checks import (
     resolve,
 )
 from .images import ImageDataset
+from .options import ImageTransform, LoaderOptions
 from .vg_cleaning import CleanedVGLabelMapping
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,34 @@ def _names(obj: dict) -> tuple[str, ...]:
     return tuple(n for n in (normalize_phrase(x) for x in names) if n)
 
 
+def _image_urls_and_links(path: Path) -> tuple[dict[int, str], dict[int, tuple[int, int]]]:
+    """image_data.json: image id -> its URL, and image id -> (coco_id, flickr_id), 0 = none."""
+    urls: dict[int, str] = {}
+    links: dict[int, tuple[int, int]] = {}
+    for i, entry in enumerate(_entries(path, None)):
+        image_id = _image_id(entry, f"[{i}]", path)
+        urls[image_id] = str(entry.get("url") or "")
+        links[image_id] = (_linked_id(entry.get("coco_id")), _linked_id(entry.get("flickr_id")))
+    return urls, links
+
+
+def _object_attributes(path: Path, max_attributes: int) -> dict[int, tuple[str, ...]]:
+    """attributes.json (optional: {} when absent): object id -> its first ``max_attributes`` distinct normalised
+    attribute phrases, objects without any left out."""
+    attrs: dict[int, tuple[str, ...]] = {}
+    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+    if path.is_file():
+        for i, entry in enumerate(_entries(path, "attributes")):
+            for j, obj in enumerate(entry["attributes"]):
+                expect_keys(obj, ["object_id"], f"[{i}].attributes[{j}]", path, "Visual Genome", VG_LAYOUT, VG_HINT)
+                values = [normalize_phrase(a) for a in (obj.get("attributes") or [])]
+                values = list(dict.fromkeys(a for a in values if a))[:max_attributes]
+                if values:
+                    values = tuple(values)
+                    attrs[int(obj["object_id"])] = shared.setdefault(values, values)  # one copy per phrase set
+    return attrs
+
+
 def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
     """Read image_data / objects / relationships (/ attributes) JSON once into a :class:`VGIndex`.
 
@@ -239,25 +267,8 @@ def parse_visual_genome(root: Path, max_attributes: int = 2) -> VGIndex:
     files = {name: require_file(root / f"{name}.json", "Visual Genome", VG_LAYOUT, VG_HINT)
              for name in ("image_data", "objects", "relationships")}
 
-    urls: dict[int, str] = {}
-    links: dict[int, tuple[int, int]] = {}  # image id -> (coco_id, flickr_id), 0 = none
-    for i, entry in enumerate(_entries(files["image_data"], None)):
-        image_id = _image_id(entry, f"[{i}]", files["image_data"])
-        urls[image_id] = str(entry.get("url") or "")
-        links[image_id] = (_linked_id(entry.get("coco_id")), _linked_id(entry.get("flickr_id")))
-
-    attrs: dict[int, tuple[str, ...]] = {}
-    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
-    if (root / "attributes.json").is_file():
-        path = root / "attributes.json"
-        for i, entry in enumerate(_entries(path, "attributes")):
-            for j, obj in enumerate(entry["attributes"]):
-                expect_keys(obj, ["object_id"], f"[{i}].attributes[{j}]", path, "Visual Genome", VG_LAYOUT, VG_HINT)
-                values = [normalize_phrase(a) for a in (obj.get("attributes") or [])]
-                values = list(dict.fromkeys(a for a in values if a))[:max_attributes]
-                if values:
-                    values = tuple(values)
-                    attrs[int(obj["object_id"])] = shared.setdefault(values, values)  # one copy per phrase set
+    urls, links = _image_urls_and_links(files["image_data"])
+    attrs = _object_attributes(root / "attributes.json", max_attributes)
 
     object_keys, descriptions, predicate_keys = _Interner(), _Interner(), _Interner()
     # image_id -> (object rows (key, desc, x, y, w, h) back to back, object_id -> local index,
@@ -529,12 +540,10 @@ class VisualGenomeDataModule(GroundingDataModule):
                  split: VGSplit = VGSplit(), filters: VGFilters = VGFilters(),
                  exclude_eval_images: list[str] | str | None = None, label_mapping: LabelMapping | str | None = None,
                  cache: bool = True, text_encoder: str = "minilm", max_length: int = 32,
-                 batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0,
-                 image_size: int = 224, resize_size: int = 224,
-                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD,
-                 seed: int = 0, pin_memory: bool = False, drop_last: bool = False):
-        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last)
+                 batch_size: int = 32, eval_batch_size: int | None = None,
+                 transform: ImageTransform = ImageTransform(resize_size=224), loader: LoaderOptions = LoaderOptions(),
+                 seed: int = 0):
+        super().__init__(root, text_encoder, max_length, batch_size, eval_batch_size, transform, loader, seed)
         if label_mapping is not None and not isinstance(label_mapping, (str, LabelMapping)):
             raise TypeError(f"label_mapping must implement data_modules.visual_genome.LabelMapping "
                             f"(object_classes, relation_labels, object_label, relation_label); got {label_mapping!r}")

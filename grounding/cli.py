@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 import yaml
 from jsonargparse import ArgumentParser
+from jsonargparse._common import debug_mode_active
 from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -41,14 +42,20 @@ import grounding.semclip  # noqa: F401 - registers the STE and alignment stages
 import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, load_checkpoint_file, require_checkpoint_file
 from grounding.encoders import backbone_normalisation
-from grounding.errors import UserInputError, user_errors_exit
+from grounding.errors import EXIT_BAD_INPUT, UserInputError, at_most_three_lines, user_errors_exit
 from grounding.nets import class_of, moved_options, regrouped_spec
 from grounding.paths import EXPERIMENTS_DIR
+from grounding.renamed_options import check_renamed_options
 from grounding.run_folder import (
+    RunFolderError,
     RunLock,
     best_checkpoint,
+    check_evaluation_target,
     check_fit_target,
     check_writable_folder,
+    config_differences,
+    flatten_config,
+    moved_checkpoint,
     write_run_config,
     write_run_metrics,
 )
@@ -124,6 +131,7 @@ class RunConfigCallback(SaveConfigCallback):
         self.already_saved = True
 
 
+EVALUATION_COMMANDS = ("test", "validate", "predict")
 # each evaluation subcommand's LightningModule hook
 EVALUATION_STEPS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
 
@@ -152,7 +160,16 @@ class GroundingArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         # a subcommand's parser adds the hint too, and its message is nested in this one's: one hint, at the end
         message = re.sub(rf"\n[ \t]*{MOVED_HINT}[^\n]*", "", message)
-        super().error(message + moved_option_hint(message), ex)
+        message += moved_option_hint(message)
+        if not self.exit_on_error or debug_mode_active():  # a parse attempt inside jsonargparse, or its debug mode
+            super().error(message, ex)
+        # one message of at most three lines, not the 50-line usage: what, where, the fix (the usage is --help's)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        if "Fix:" not in message:
+            message += f"\nFix: `{prog} --help` lists the options and their types"
+        sys.stderr.write(at_most_three_lines(f"{prog}: error: {message}") + "\n")
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
 class GroundingCLI(LightningCLI):
@@ -176,7 +193,8 @@ class GroundingCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: replace the run in --trainer.default_root_dir even when its config.yaml differs "
-                                 "(with --ckpt_path: resume it under model/data values that differ, on purpose)")
+                                 "(with --ckpt_path: resume its weights under model/data values that differ, on purpose; the run's "
+                                 "earlier records are moved to <root>/replaced/)")
         parser.add_argument("--allow_eval_overlap", type=bool, default=False,
                             help="evaluate even on images that a checkpoint of the init_from chain trained on (a "
                                  "warning instead of the error; grounding/training_images.py)")
@@ -189,9 +207,9 @@ class GroundingCLI(LightningCLI):
         # the backbone's. (Stages that build their network from a checkpoint still give them twice.)
         net = "model.init_args.net.init_args"
         parser.link_arguments(f"{net}.text_encoder", "data.init_args.text_encoder")
-        parser.link_arguments(f"{net}.image_size", "data.init_args.image_size")
-        parser.link_arguments(f"{net}.backbone", "data.init_args.mean", compute_fn=backbone_mean)
-        parser.link_arguments(f"{net}.backbone", "data.init_args.std", compute_fn=backbone_std)
+        parser.link_arguments(f"{net}.image_size", "data.init_args.transform.image_size")
+        parser.link_arguments(f"{net}.backbone", "data.init_args.transform.mean", compute_fn=backbone_mean)
+        parser.link_arguments(f"{net}.backbone", "data.init_args.transform.std", compute_fn=backbone_std)
         # A stage that starts from a checkpoint (init_from) takes its frozen CNN from it: no ImageNet file.
         parser.link_arguments("model.init_args.init_from", f"{net}.backbone_weights", compute_fn=weights_unless_init_from)
         # COMPOSER's hard negatives: the model's choice; the DataModule adds the pool's captions to each batch.
@@ -228,6 +246,8 @@ class GroundingCLI(LightningCLI):
                 load_checkpoint_file(section.ckpt_path, "--ckpt_path", mmap=True)  # plain data, or one line and exit 2
                 model = section.get("model")
                 check_checkpoint_class(section.ckpt_path, model.get("class_path") if model is not None else None)
+                if subcommand in EVALUATION_COMMANDS:
+                    check_evaluation_target(section.trainer.default_root_dir, section.ckpt_path, subcommand)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI merges the checkpoint's hyperparameters into the config (its own version of this method, with
@@ -246,10 +266,42 @@ class GroundingCLI(LightningCLI):
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         try:
-            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            merged = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         except SystemExit:
             sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
             raise
+        shown = self._model_differences(subcommand, merged)
+        if shown and subcommand == "fit" and self._given_model_values_win(ckpt_path, shown):
+            return
+        if shown:  # test / validate / predict: the checkpoint's network is the one evaluated; said, not silent
+            print(f"{ckpt_path}: the checkpoint's model values are used where the config's differ: {shown}",
+                  file=sys.stderr)
+        self.config = merged
+
+    def _model_differences(self, subcommand: str, merged) -> str:
+        """The model values the checkpoint's hyperparameters change in the given config, as text ('' if none)."""
+        def model_of(config) -> dict:
+            dumped = yaml.safe_load(self.parser.dump(config, skip_none=False, skip_validation=True))
+            return {"model": dumped.get(subcommand, dumped).get("model")}
+
+        recorded, given = model_of(merged), model_of(self.config)
+        diff = config_differences(recorded, given)
+        flat_recorded, flat_given = flatten_config(recorded), flatten_config(given)
+        shown = ", ".join(f"{k} ({flat_recorded[k]!r} in the checkpoint, {flat_given[k]!r} given)" for k in diff[:3])
+        return shown + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+
+    def _given_model_values_win(self, ckpt_path: str, shown: str) -> bool:
+        """A resume whose model values differ from the checkpoint's: refused (the run's later epochs would train
+        another model than its first, and its records would name the checkpoint's values); with ``--overwrite
+        true`` the given values win (the run's earlier records are moved aside by check_fit_target)."""
+        if not self.config["fit"].get("overwrite"):
+            raise RunFolderError(
+                f"Resuming {ckpt_path} with model values that differ from the checkpoint's: {shown}.\n"
+                "Fix: resume with the run's own values, fit into a new --trainer.default_root_dir, or pass --overwrite "
+                "true to resume its weights under the given values (the run's earlier records are moved aside).")
+        print(f"--overwrite: resuming {ckpt_path} under model values that differ from the checkpoint's: {shown}",
+              file=sys.stderr)
+        return True
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -289,8 +341,10 @@ class GroundingCLI(LightningCLI):
             # the run folder: refused when another run owns it (grounding/run_folder.py); DDP ranks > 0 skip this
             root = config.trainer.default_root_dir or "outputs"
             dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_validation=True))
-            check_fit_target(root, dumped.get("fit", dumped), config.get("ckpt_path") is not None,
-                             bool(config.get("overwrite")))
+            moved = check_fit_target(root, dumped.get("fit", dumped), config.get("ckpt_path") is not None,
+                                     bool(config.get("overwrite")))
+            if moved is not None and config.get("ckpt_path"):  # resumed from where the run's checkpoints went
+                config.ckpt_path = str(moved_checkpoint(config.ckpt_path, root, moved))
             self.run_lock = RunLock(root).acquire()
 
 
@@ -506,6 +560,7 @@ def main(args=None, run: bool = True) -> GroundingCLI:
     and trainer without running anything (:func:`build_stage`)."""
     defaults = [trainer_config_file()] if os.path.isfile(trainer_config_file()) else []
     argv = sys.argv[1:] if args is None else args
+    check_renamed_options(argv)  # an option under a former name: one line naming its new place, before the parse
     named = argv[0] if isinstance(argv, (list, tuple)) and argv and argv[0] in SUBCOMMANDS else None
     return GroundingCLI(
         LightningModule,
@@ -514,7 +569,7 @@ def main(args=None, run: bool = True) -> GroundingCLI:
         subclass_mode_data=True,
         auto_configure_optimizers=False,  # each stage's optimizer is injected through its init args
         # allow_abbrev off: a typo such as --trainer.max_epoch is an error, not a silent prefix match
-        parser_kwargs={"allow_abbrev": False,
+        parser_kwargs={"allow_abbrev": False, "prog": "python -m grounding",
                        **{cmd: {"default_config_files": defaults, "allow_abbrev": False}
                           for cmd in ((named,) if named else SUBCOMMANDS)}},
         save_config_callback=RunConfigCallback,
@@ -542,8 +597,6 @@ def build_stage(config: str | Path, overrides: Sequence[dict] = (), workdir: str
     with quiet_cli():
         return main(args, run=False)
 
-
-EVALUATION_COMMANDS = ("test", "validate", "predict")
 
 
 def run_command(args=None) -> None:

@@ -71,6 +71,27 @@ def one_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+MAX_MESSAGE_LINES = 3
+
+
+def at_most_three_lines(text: str) -> str:
+    """An error as the user reads it: what (with where), what was expected, how to fix it — at most
+    :data:`MAX_MESSAGE_LINES` lines. A longer message (a layout block, a library's nested report) keeps its first
+    line and its ``Fix:`` line; everything between is joined into one line, runs of blanks collapsed."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) <= MAX_MESSAGE_LINES:
+        return "\n".join(lines)
+    fix_at = next((i for i, line in enumerate(lines) if line.startswith("Fix:")), len(lines))
+    return "\n".join(part for part in (lines[0], _joined(lines[1:fix_at]), _joined(lines[fix_at:])) if part)
+
+
+def _joined(lines: list[str]) -> str:
+    out = ""
+    for line in (" ".join(line.split()) for line in lines):
+        out += ("" if not out else " " if out.endswith(":") else "; ") + line
+    return out
+
+
 @contextlib.contextmanager
 def user_errors_exit(prog: str):
     """Run a command: a :class:`UserInputError` (also one wrapped by a library) prints ``<prog>: error: <message>``
@@ -88,9 +109,10 @@ def user_errors_exit(prog: str):
                        "choose another output folder and run the command again (a fit resumes with --ckpt_path last).")
         else:
             message = one_line(found)
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        if not os.environ.get(DEBUG_ENV):
-            print(f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        message = at_most_three_lines(f"{prog}: error: {message}")
+        if not os.environ.get(DEBUG_ENV) and message.count("\n") < MAX_MESSAGE_LINES - 1:
+            message += f"\n(set {DEBUG_ENV}=1 for the traceback)"
+        print(message, file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 

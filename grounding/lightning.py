@@ -28,12 +28,13 @@ from typing import Callable, Iterable, Mapping
 import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
 from grounding.feature_cache import FeatureCache
-from grounding.nets import as_net, net_spec
+from grounding.nets import as_net, net_spec, regroup_init
 from grounding.training_images import TrainingImages
-from grounding.utils.io import atomic_write_json
+from grounding.utils.io import atomic_path, atomic_write_json, remove_stale_temporaries
 from grounding.utils.provenance import source_commit
 
 FIT_RECORD = "fit_record.json"
@@ -76,6 +77,12 @@ class GroundingModule(LightningModule):
     # `python -m grounding fit --checkpoint_every_minutes M` (cli.py): last.ckpt also rewritten mid-epoch every M
     # minutes of training (0: at epoch ends only), so a long epoch killed resumes where it was saved
     checkpoint_every_minutes: float = 0.0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # option groups (ComposerTraining's ``losses``) given as mappings (a checkpoint's hyperparameters) or flat (a
+        # checkpoint of before the group) become their dataclasses; the hyperparameters record them as mappings
+        regroup_init(cls, record_as_mappings=True)
 
     def __init__(self, optimizer: OptimizerCallable = default_optimizer,
                  lr_scheduler: LRSchedulerCallable | None = None):
@@ -195,6 +202,20 @@ class FitRecord(Callback):
             "devices": int(trainer.num_devices), "segments": self.segments}, indent=2)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written under a temporary name beside the target, renamed when whole
+    (:func:`grounding.utils.io.atomic_path`). Lightning's default goes through fsspec's transaction, which writes in
+    the system temp folder and moves the file at the end: a killed save leaves a half-written file there, and a
+    move across file systems is a copy, not atomic at the target. Remote URLs keep Lightning's writer."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+
+
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt`` at every training epoch's end (a ModelCheckpoint), then the run's :class:`FitRecord`: written
     only after the checkpoint's save returned, so ``fit_record.json`` never counts an epoch that ``last.ckpt`` lacks
@@ -207,6 +228,15 @@ class LastCheckpoint(ModelCheckpoint):
         record.held = True
         self.every_seconds = max(float(every_minutes or 0.0), 0.0) * 60.0
         self.saved_at = time.monotonic()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's plugin
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if stage == "fit" and trainer.is_global_zero and self.dirpath:
+            # a save killed part-way left its temporary beside the target; the run folder has one fit at a time
+            # (grounding.run_folder.RunLock), so any temporary there now is stale
+            remove_stale_temporaries(self.dirpath)
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)

@@ -76,11 +76,12 @@ def option_groups(cls: type) -> dict[str, type]:
 
 def constructor_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
     """``cls``'s keyword arguments from recorded ``init_args``: each option group given as a mapping becomes its
-    dataclass, and a flat argument that is a field of a group moves into it, replacing the group's value (a checkpoint
-    written before the group existed, also under its former name: ``renamed_options``; :func:`build_net`'s
-    overrides). Unknown names are left for the constructor."""
+    dataclass (its keys over the constructor's default group), and a flat argument that is a field of a group moves
+    into it, replacing the group's value (a checkpoint written before the group existed, also under its former name:
+    ``renamed_options``; :func:`build_net`'s overrides). Unknown names are left for the constructor."""
     args = dict(init_args)
-    own = set(inspect.signature(cls.__init__).parameters)
+    params = inspect.signature(cls.__init__).parameters
+    own = set(params)
     renamed: dict[str, dict[str, Any]] = {}
     for old, new in dict(getattr(cls, "renamed_options", {})).items():
         if old in args:
@@ -89,11 +90,39 @@ def constructor_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
     for name, group in option_groups(cls).items():
         fields = {f.name for f in dataclasses.fields(group)} - own
         value = args.get(name)
-        given = dataclasses.asdict(value) if is_options(value) else dict(value or {})
         moved = {**renamed.get(name, {}), **{key: args.pop(key) for key in [k for k in args if k in fields]}}
+        # a mapping's keys and flat fields go over the constructor's own default group (COMPOSER's DataModule's
+        # loader drops its last batch), as jsonargparse fills a config's partial group
+        default = params[name].default if name in params else None
+        given = dataclasses.asdict(default) if is_options(default) and not is_options(value) else {}
+        given.update(dataclasses.asdict(value) if is_options(value) else dict(value or {}))
         if value is not None or moved:
             args[name] = group(**{**given, **moved})
     return args
+
+
+def regroup_init(cls: type, record_as_mappings: bool = False) -> None:
+    """Wrap ``cls.__init__`` (when ``cls`` defines one) so its keyword arguments pass through :func:`constructor_args`:
+    an option group given as a mapping (a checkpoint's hyperparameters, a config read by hand) becomes its dataclass,
+    and a flat argument of before the group (also under its former name, ``renamed_options``) moves into it; a run
+    recorded before the groups resumes. The signature jsonargparse and Lightning read stays the constructor's own.
+    ``record_as_mappings`` (a LightningModule): its hyperparameters hold the groups as plain mappings, so a checkpoint
+    holds no pickled class."""
+    if "__init__" not in vars(cls):
+        return
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def regrouped_init(self, *args, **kwargs):
+        init(self, *args, **constructor_args(cls, kwargs))
+        for recorded in ("_hparams", "_hparams_initial") if record_as_mappings else ():  # the checkpoint's, the logger's
+            hparams = getattr(self, recorded, None) or {}
+            for name, value in list(hparams.items()):
+                if is_options(value):
+                    hparams[name] = dataclasses.asdict(value)
+
+    regrouped_init.__signature__ = inspect.signature(init)  # Lightning's checkpoint loading reads the real arguments
+    cls.__init__ = regrouped_init
 
 
 def flat_args(cls: type, init_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,9 +141,11 @@ def moved_options(cls: type) -> dict[str, str]:
     """``cls``'s former flat argument names and where each is now (``ct_layers`` -> ``sizes.ct_layers``): every
     option group's fields, and the class's own ``renamed_options`` (a field that changed its name as it moved)."""
     own = set(inspect.signature(cls.__init__).parameters)
+    renamed = dict(getattr(cls, "renamed_options", {}))
     moved = {f.name: f"{group}.{f.name}" for group, options in option_groups(cls).items()
-             for f in dataclasses.fields(options) if f.name not in own}
-    return {**moved, **dict(getattr(cls, "renamed_options", {}))}
+             for f in dataclasses.fields(options)
+             if f.name not in own and f"{group}.{f.name}" not in renamed.values()}  # renamed: never flat by this name
+    return {**moved, **renamed}
 
 
 def regrouped_spec(spec):

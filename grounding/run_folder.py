@@ -10,7 +10,8 @@
 * **One config a run.** Resuming (``--ckpt_path``) is refused when the config differs from the run's ``config.yaml``
   in what it trains (a ``model.`` or ``data.`` value): the run's later epochs would train another model than its
   first ones while its records name one config. Trainer settings (``max_epochs`` to extend a schedule, devices)
-  may change; ``--overwrite true`` accepts the change on purpose.
+  may change; ``--overwrite true`` accepts the change on purpose, the run's records moved aside first. (The CLI
+  also compares the model values with the checkpoint's own: grounding.cli.)
 * **Beside, never over.** ``fit`` writes ``config.yaml``; ``test`` / ``validate`` / ``predict`` write
   ``config.<command>.yaml`` and ``metrics.<command>.json``; all atomically, on rank 0.
 """
@@ -58,11 +59,12 @@ def metrics_file(root: str | os.PathLike, command: str) -> Path:
     return Path(root) / f"metrics.{command}.json"
 
 
-def _flatten(tree, prefix: str = "") -> dict:
+def flatten_config(tree, prefix: str = "") -> dict:
+    """A nested config as ``{"model.init_args.lr": value, ...}``."""
     if isinstance(tree, dict):
         out = {}
         for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: tree}
 
@@ -70,7 +72,7 @@ def _flatten(tree, prefix: str = "") -> dict:
 def config_differences(old: dict, new: dict) -> list[str]:
     """Keys both configs set to different values (keys only one has, e.g. an option added to the code since,
     :data:`IGNORED_KEYS` and :data:`EVALUATION_ONLY_KEYS` do not count)."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten_config(old), flatten_config(new)
     return sorted(k for k in a.keys() & b.keys() if a[k] != b[k] and k.split(".")[0] not in IGNORED_KEYS
                   and k.split(".")[-1] not in EVALUATION_ONLY_KEYS)
 
@@ -81,12 +83,45 @@ RUN_RECORDS = ("checkpoints", FIT_CONFIG, "fit_record.json", "config.*.yaml", "m
 def set_aside(root: str | os.PathLike) -> Path:
     """Move the folder's run (checkpoints and records) into ``<root>/replaced/<UTC time>/``: replaced, not lost."""
     root = Path(root)
-    dest = root / "replaced" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = root / "replaced" / stamp, 1
+    while dest.exists():  # two runs set aside within a second
+        dest, n = root / "replaced" / f"{stamp}-{n}", n + 1
+    dest.mkdir(parents=True)
     for pattern in RUN_RECORDS:
         for path in root.glob(pattern):
             path.rename(dest / path.name)
     return dest
+
+
+def check_evaluation_target(root: str | os.PathLike | None, ckpt_path: str | os.PathLike, command: str) -> None:
+    """``test`` / ``validate`` / ``predict`` of ``ckpt_path`` writing into ``root``: refused when ``root`` holds a
+    fit run the checkpoint is not part of (its ``metrics.<command>.json`` would become another model's results)."""
+    if root is None:
+        return
+    root = Path(root)
+    if not ((root / FIT_CONFIG).is_file() or any((root / "checkpoints").glob("*.ckpt"))):
+        return  # a folder of results only (or a new one): the results of this checkpoint go there
+    ckpt = Path(ckpt_path).resolve()
+    if ckpt.is_relative_to(root.resolve()):
+        return
+    own = f"the checkpoint's own run folder (--trainer.default_root_dir {ckpt.parent.parent}) or " \
+        if ckpt.parent.name == "checkpoints" else ""
+    raise RunFolderError(
+        f"{root} holds another run than {ckpt_path}: `{command}` there would replace its "
+        f"{metrics_file(root, command).name} with another model's results.\nFix: give {own}a new "
+        "--trainer.default_root_dir.")
+
+
+def moved_checkpoint(ckpt_path: str | os.PathLike, root: str | os.PathLike, moved: Path) -> Path:
+    """Where ``ckpt_path`` is after :func:`set_aside` moved ``root``'s run to ``moved`` (unchanged when it was not
+    among the run's files)."""
+    path, root = Path(ckpt_path).resolve(), Path(root).resolve()
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        return Path(ckpt_path)
+    return moved / relative if (moved / relative).exists() else Path(ckpt_path)
 
 
 def check_writable_folder(root: str | os.PathLike) -> Path:
@@ -113,17 +148,17 @@ def check_writable_folder(root: str | os.PathLike) -> Path:
 TRAINED_SECTIONS = ("model", "data")
 
 
-def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, overwrite: bool) -> None:
+def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, overwrite: bool) -> Path | None:
     """Refuse a fit into a folder holding another config's checkpoints (see the module docstring); with
     ``overwrite`` the earlier run is set aside (:func:`set_aside`) instead. A resume is refused when the config
-    differs from the run's in what it trains (:data:`TRAINED_SECTIONS`), unless ``overwrite``."""
+    differs from the run's in what it trains (:data:`TRAINED_SECTIONS`), unless ``overwrite``: then the run's
+    records are set aside too (the resumed run writes its own). Returns where the earlier run went, or None."""
     root = Path(root)
     old_file = root / FIT_CONFIG
     if resuming:
-        _check_resume(old_file, new_config, overwrite)
-        return
+        return _check_resume(root, new_config, overwrite)
     if not any((root / "checkpoints").glob("*.ckpt")):
-        return
+        return None
     try:
         old = yaml.safe_load(old_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -134,31 +169,35 @@ def check_fit_target(root: str | os.PathLike, new_config: dict, resuming: bool, 
     else:
         diff = config_differences(regrouped_config(old), new_config)
         if not diff:
-            return
+            return None
         why = f"{old_file} differs in " + ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
     if overwrite:
-        print(f"--overwrite: {root} held another run ({why}); moved it to {set_aside(root)}", file=sys.stderr)
-        return
+        moved = set_aside(root)
+        print(f"--overwrite: {root} held another run ({why}); moved it to {moved}", file=sys.stderr)
+        return moved
     raise RunFolderError(f"{root} holds the checkpoints of another run ({why}). Fix: give a new "
                          "--trainer.default_root_dir, resume that run with --ckpt_path last, or pass --overwrite true "
                          "to replace it.")
 
 
-def _check_resume(old_file: Path, new_config: dict, overwrite: bool) -> None:
+def _check_resume(root: Path, new_config: dict, overwrite: bool) -> Path | None:
+    old_file = root / FIT_CONFIG
     try:
         old = yaml.safe_load(old_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return  # a checkpoint from elsewhere, or a run without its record: nothing to compare with
+        return None  # a checkpoint from elsewhere, or a run without its record: nothing to compare with
     if not isinstance(old, dict):
-        return
+        return None
     # (a run recorded before some options moved into groups: its options compared in their groups)
     diff = [k for k in config_differences(regrouped_config(old), new_config) if k.split(".")[0] in TRAINED_SECTIONS]
     if not diff:
-        return
+        return None
     what = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
     if overwrite:
-        print(f"--overwrite: resuming the run of {old_file} under a config that differs in {what}", file=sys.stderr)
-        return
+        moved = set_aside(root)
+        print(f"--overwrite: resuming the run of {old_file} under a config that differs in {what}; its records "
+              f"(config, checkpoints) moved to {moved}", file=sys.stderr)
+        return moved
     raise RunFolderError(f"Resuming the run of {old_file} with a config that differs in {what}: its later epochs would "
                          "train another model than its first. Fix: resume with the run's own config, fit into a new "
                          "--trainer.default_root_dir, or pass --overwrite true to resume under the new values on purpose.")
@@ -210,7 +249,9 @@ class RunLock:
 
     def _refusal(self) -> str:
         owner = self._owner() or {}
-        who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}: {owner.get('command', '?')}"
+        command = " ".join(str(owner.get("command", "?")).split())  # an inline --config YAML: one line, cut short
+        command = command if len(command) <= 160 else command[:160] + "…"
+        who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}: {command}"
         return (f"{self.path.parent} is in use by another run ({who}). Fix: wait for it to finish, or give this "
                 "run another --trainer.default_root_dir.")
 

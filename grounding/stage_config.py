@@ -96,16 +96,43 @@ def stage_config_parser(cls: type, section: str) -> ArgumentParser:
     return p
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last value in
+    silence: an edited config would train with whichever line came last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                earlier = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            if earlier != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice (lines {earlier} and {key_node.start_mark.line + 1}); "
+                    "YAML would keep only the last: remove one", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml_unique_keys(text: str):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (a ``yaml.YAMLError`` naming both lines)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+
+
 def read_config_yaml(file: Path):
-    """A config file's YAML; a syntax error or unreadable bytes: :class:`ConfigError` naming the file, line and column."""
+    """A config file's YAML; a syntax error, a key given twice or unreadable bytes: :class:`ConfigError` naming the
+    file, line and column."""
     try:
-        return yaml.safe_load(file.read_text(encoding="utf-8"))
+        return load_yaml_unique_keys(file.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{file}: not UTF-8 text (byte {e.start}); save the config as UTF-8 YAML") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, yaml.constructor.ConstructorError) and "given twice" in problem:
+            raise ConfigError(f"{where}: {problem}") from None
         raise ConfigError(f"{where}: YAML syntax error ({problem}); fix the file") from None
 
 
@@ -118,7 +145,11 @@ def _config_chain(path: str, seen: tuple[str, ...] = ()) -> list[str]:
     if not is_file:
         return ["--config", path]  # jsonargparse reports it (or it is an inline YAML string)
     cfg = read_config_yaml(file)
-    if not isinstance(cfg, dict) or "base" not in cfg:
+    if not isinstance(cfg, dict):
+        what = "is empty" if cfg is None else f"holds a {type(cfg).__name__} at its top level"
+        raise ConfigError(f"{file} {what}; a stage config is a mapping of model:, data: and trainer: (see "
+                          "experiments/ for examples, docs/configs.md for the layout)")
+    if "base" not in cfg:
         return ["--config", path]
     base = (file.parent / cfg.pop("base")).resolve()
     if str(base) in seen or not base.is_file():

@@ -39,7 +39,10 @@ match: a run that would train the same model as another one of the grid.
 macros, WANDB_MODE=offline unless set. ``--config`` / ``--report`` replace the files named in the command,
 ``--set KEY=VALUE`` adds an override to every run (not part of the run's name), ``--only KEY=VALUE`` keeps the
 matching grid points, ``--root`` moves the output root. A command that is a plain ``python -m grounding fit``
-gets ``--trainer.default_root_dir=<root>/<sweep file stem>/<run name>``.
+gets ``--trainer.default_root_dir=<root>/<sweep file stem>/<run name>``. Before anything runs (``--dry-run`` too), the
+sweep file's keys and every parameter's ``values`` (a non-empty list) are checked, and each value is parsed with the
+stage config as ``python -m grounding fit`` parses it (:func:`check_parameter_values`): a value of the wrong type or
+a parameter that is no option of the config is one line naming the sweep file and the parameter, exit 2.
 
 **The summary** (``summarize``) reads every ``<folder>/*/sweep_result.json`` and writes ``summary.md``,
 ``summary.csv`` (one row per run) and one CSV per table it recognises, laid out as the paper's: Fig. 3 (rows k,
@@ -54,8 +57,11 @@ coverage), best first, beside the paper's STE columns. Each paper's tables live 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import difflib
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -119,6 +125,11 @@ def parse_value(text: str):
         return text
 
 
+# a wandb sweep YAML's keys (https://docs.wandb.ai/guides/sweeps/sweep-config-keys)
+SWEEP_KEYS = ("program", "method", "metric", "parameters", "command", "name", "description", "project", "entity",
+              "early_terminate", "run_cap", "job", "image_uri")
+
+
 def load_sweep(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -129,6 +140,11 @@ def load_sweep(path: str | os.PathLike) -> dict:
         raise SweepError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(sweep, dict):
         raise SweepError(f"{path}: expected a mapping with program / method / parameters / command")
+    stray = [k for k in sweep if k not in SWEEP_KEYS]
+    if stray:  # `paramters:` would otherwise be a sweep of one run with no parameters
+        close = difflib.get_close_matches(str(stray[0]), SWEEP_KEYS, n=1)
+        raise SweepError(f"{path}: unknown key `{stray[0]}`" + (f" (did you mean `{close[0]}`?)" if close else "")
+                         + f"; a sweep's keys are {', '.join(SWEEP_KEYS)}")
     return sweep
 
 
@@ -144,9 +160,93 @@ def expand_grid(sweep: dict, path: str = "<sweep>") -> list[dict]:
     for name, spec in params.items():
         if not isinstance(spec, dict) or not ("values" in spec or "value" in spec):
             raise SweepError(f"{path}: parameter {name!r} needs `values: [...]` or `value: x`; got {spec!r}")
+        if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
+            raise SweepError(f"{path}: parameter {name!r}: `values` must be a non-empty list (`values: [a, b]`, or "
+                             f"`value: x` for one); got {spec['values']!r}")
         names.append(name)
         choices.append(spec["values"] if "values" in spec else [spec["value"]])
     return [dict(zip(names, combo)) for combo in itertools.product(*choices)]
+
+
+def stage_fit_arguments(cmd: list[str]) -> list[str] | None:
+    """The ``python -m grounding fit ...`` arguments a sweep command trains with (:func:`fit_arguments`), or None when
+    it runs another program."""
+    if is_run_command(cmd):
+        return fit_arguments(cmd)
+    at = next((i for i in range(len(cmd) - 1) if cmd[i] == "-m" and cmd[i + 1] == "grounding"), None)
+    return cmd[at + 2:] if at is not None and cmd[at + 2:at + 3] == ["fit"] else None
+
+
+def _parse_problem(fit_args: list[str]) -> str | None:
+    """What ``python -m grounding`` says when it cannot parse ``fit_args`` (nothing is built), or None."""
+    # here, not at the top: the stages' parser loads torch and Lightning (a sweep's other commands stay light)
+    from grounding import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), cli.quiet_cli():
+        try:
+            cli.main([*fit_args, "--print_config"])
+        except SystemExit as e:
+            if e.code:
+                text = " ".join(err.getvalue().split())
+                return text.split(": error: ", 1)[-1] or f"exit status {e.code}"
+    return None
+
+
+TYPE_WORDS = {"float": "a number", "int": "a whole number", "str": "a string", "bool": "true or false", "NoneType": "null"}
+
+
+def _unknown_option(problem: str, key: str) -> bool:
+    """Whether the parser's message says ``key`` is no option of the config."""
+    return f"Option '{key.split('.')[-1]}' is not accepted" in problem or f"nrecognized arguments: --{key}" in problem
+
+
+def _expected(problem: str, key: str) -> str:
+    """What the parser expected of ``key``, read from its message (``Parser key "lr": ... Expected a <class 'float'>``)."""
+    at = max(problem.rfind(f'Parser key "{key.split(".")[-1]}"'), problem.rfind(f'Parser key "{key}"'))
+    tail = re.split(r"Got value|Given value", problem[at:] if at >= 0 else problem)[0]
+    classes = list(dict.fromkeys(re.findall(r"Expected an? <class '([\w.]+)'>", tail)))
+    if classes:
+        return " or ".join(TYPE_WORDS.get(c, f"a {c}") for c in classes)
+    literal = re.search(r"Literal\[([^\]]*)\]", tail)
+    if literal:
+        return f"one of {literal.group(1)}"
+    found = re.search(r"Expected an? ([^;]+)", tail)
+    return found.group(1).strip().rstrip(".")[:160] if found else " ".join(tail.split())[:200]
+
+
+def check_parameter_values(sweep: dict, grid: list[dict], path: str, config: str | None = None, extra: list[str] = (),
+                           report: str | None = None) -> None:
+    """Every value of every parameter as ``python -m grounding`` parses it (nothing built or read): a value of the
+    wrong type for the option it sets (a string for the learning rate) or a parameter that is no option of the config
+    is one :class:`SweepError` naming the sweep file, the parameter and what its option expects, before anything runs.
+    The config with the ``--set`` overrides is parsed first, then once per (parameter, value) of ``grid``; a value
+    refused alone is accepted when a grid point holding it parses (an option that another parameter brings in).
+    Commands of another program are not checked."""
+    def fit_args(params: dict) -> list[str] | None:
+        return stage_fit_arguments(build_command(sweep, params, config, list(extra), report))
+
+    base = fit_args({})
+    if base is None or not grid:
+        return
+    config_file = base[base.index("--config") + 1] if "--config" in base else "its config"
+    problem = _parse_problem(base)
+    if problem:
+        raise SweepError(f"{path}: the stage config {config_file} (with the --set overrides) does not parse: {problem[:300]}")
+    checked = set()
+    for params in grid:
+        for name, value in params.items():
+            if (name, _fmt(value)) in checked:
+                continue
+            checked.add((name, _fmt(value)))
+            problem = _parse_problem(fit_args({name: value}))
+            if problem is None or _parse_problem(fit_args(params)) is None:
+                continue
+            if _unknown_option(problem, name):
+                raise SweepError(f"{path}: parameter {name} is not an option of {config_file}; check its spelling and "
+                                 "section (`python -m grounding fit --config CONFIG --print_config` lists them)")
+            raise SweepError(f"{path}: parameter {name}: value {value!r} is not accepted by {config_file}: expected "
+                             f"{_expected(problem, name)}; fix its values")
 
 
 def is_run_command(cmd: list[str]) -> bool:
@@ -321,6 +421,9 @@ class RunPlan:
             raise SweepError(f"--{owned[0]}: the run's folder is derived from the sweep and its parameters "
                              "(use --root to move the output root)")
         self.kind = args.report_kind
+        if args.report_sample is not None and args.report_sample < 1:
+            raise SweepError(f"--report-sample {args.report_sample}: expected a whole number of queries >= 1 (leave it out "
+                             "for all queries, the full protocol)")
         if self.kind != "ste" and (args.report_encoders or args.report_sample is not None):
             raise SweepError("--report-encoders / --report-sample are the STE report's options (--report-kind ste)")
         if self.kind == "ste":
@@ -755,6 +858,11 @@ def launch_main(argv: list[str]) -> int:
     p.add_argument("--root", default=None, help=f"output root (default {DEFAULT_ROOT})")
     p.add_argument("--max-runs", type=int, default=None)
     args = p.parse_args(argv)
+    if args.max_runs is not None and args.max_runs < 1:
+        raise SweepError(f"--max-runs {args.max_runs}: expected a whole number >= 1 (leave it out for every grid point)")
+    bad = [s for s in args.set if "=" not in s]
+    if bad:
+        raise SweepError(f"--set {bad[0]!r}: expected KEY=VALUE (e.g. --set trainer.max_epochs=1)")
     path = Path(args.sweep)
     sweep = load_sweep(path)
     grid = expand_grid(sweep, str(path))
@@ -763,6 +871,7 @@ def launch_main(argv: list[str]) -> int:
         if not grid:
             raise SweepError(f"--only {' / '.join(args.only)}: no grid point of {path} matches")
     grid = grid[:args.max_runs]
+    check_parameter_values(sweep, grid, str(path), args.config, list(args.set), args.report)
     env = dict(os.environ)
     env.setdefault("WANDB_MODE", "offline")
     results = []

@@ -35,7 +35,7 @@ def tiny_baseline_ckpt(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     module = DualEncoderBaseline(DualEncoder(**TINY_VLM), feature_cache=False).eval()
     return save_module(module, Path(folder) / "checkpoints" / "last.ckpt", "grounding.vgbert.DualEncoderBaseline",
-                       {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64})
+                       {"transform": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64}})
 
 
 def world_objects() -> list[dict]:

@@ -8,13 +8,17 @@ Layers, lowest first (a module may import its own layer and the ones below, neve
 3. ``grounding/semclip/`` (builds on any VLM, the suite's own included)
 4. the top floor, the entry points that run the packages below: the CLI (``grounding/cli.py``, ``python -m grounding``),
    the sweep runner (``grounding/sweep.py``), ``grounding/leaderboard/`` (every model on one test set, COMPOSER's
-   split evaluation), ``grounding/explore/`` (the explorer page) and every package's ``__main__``
+   split evaluation), ``grounding/explore/`` (the explorer page); a package's ``__main__`` is on its package's
+   floor (the composer command starts the split evaluation of the top floor as a process, never imports it)
 5. ``benchmarks/``
 
 Read from the source with :mod:`ast` (nothing is imported), so the test also sees imports inside
 functions, which must be rare: allowed only with a comment on that line or the line above saying why
 (an optional or heavy dependency, a cycle-free lazy CLI import). Modules loaded by name
 (``importlib.import_module("<constant>")``) count as imports too.
+
+The same scan keeps every function (methods and nested functions included) at most ``MAX_FUNCTION_LINES`` long,
+counted from its ``def`` line to its last line: a longer one is split into named helpers.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("grounding", "data_modules")
+MAX_FUNCTION_LINES = 100
 PAPER_PACKAGES = ("vgbert", "semantic_space", "composer")
 
 
@@ -52,7 +57,7 @@ def layer(module: str) -> int:
     if parts[0] == "benchmarks":
         return 5
     if (parts[0] == "grounding" and len(parts) >= 2 and parts[1] in ("leaderboard", "explore")) or \
-            module in TOP_FLOOR or parts[-1] == "__main__":
+            module in TOP_FLOOR:
         return 4
     if parts[0] == "data_modules":
         return 1
@@ -133,7 +138,8 @@ def test_the_scan_sees_the_suite():
     assert layer("data_modules.wordnet_lists") == 1 and layer("grounding.composer.crg_extraction") == 2
     assert layer("grounding.semclip.alignment_data") == 3 and layer("benchmarks.bench_vgbert") == 5
     assert layer("grounding.leaderboard.board") == 4 and layer("grounding.cli") == 4 and layer("grounding.sweep") == 4
-    assert layer("grounding.composer.__main__") == 4 and layer("grounding.stage_config") == 0
+    assert layer("grounding.composer.__main__") == 2 and layer("grounding.semclip.__main__") == 3
+    assert layer("grounding.leaderboard.__main__") == 4 and layer("grounding.stage_config") == 0
 
 
 def test_the_cli_imports_every_stage_package_by_name_in_its_source():
@@ -203,3 +209,70 @@ def test_suite_imports_sit_at_the_top_of_files():
 def test_the_direction_check_can_fail(bad):
     importer, target = bad.split(" -> ")
     assert layer(target) > layer(importer)
+
+
+def long_functions(text: str, where: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``where:function (N lines)`` for each function of the source ``text`` longer than ``limit`` lines (``def``
+    line to last line, as ``ast`` numbers them; decorators not counted)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n_lines = node.end_lineno - node.lineno + 1
+            if n_lines > limit:
+                found.append(f"{where}:{node.name} ({n_lines} lines)")
+    return found
+
+
+def test_no_function_over_100_lines():
+    too_long = [f for path in SOURCES.values()
+                for f in long_functions(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert not too_long, (f"functions over {MAX_FUNCTION_LINES} lines (split them into helpers named for what they "
+                          "compute):\n" + "\n".join(too_long))
+
+
+def test_the_length_check_can_fail():
+    """A method of 101 lines is named with its length; one of 100 lines, a short function, or a limit above is not."""
+    body = "".join(f"        x{i} = {i}\n" for i in range(100))
+    source = f"def short():\n    return 1\n\n\nclass Model:\n    @property\n    def long(self):\n{body}"
+    assert long_functions(source, "m.py") == ["m.py:long (101 lines)"]
+    assert long_functions(source, "m.py", limit=101) == []
+    assert long_functions(source.replace("        x99 = 99\n", ""), "m.py") == []
+
+
+MAX_CONSTRUCTOR_ARGUMENTS = 15
+
+
+def wide_constructors(text: str, where: str, limit: int = MAX_CONSTRUCTOR_ARGUMENTS) -> list[str]:
+    """``where:Class.__init__ (N args)`` for each class of the source ``text`` whose ``__init__`` takes more than
+    ``limit`` arguments (``self`` not counted; ``*args`` / ``**kwargs`` count one each)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for init in node.body:
+            if isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)) and init.name == "__init__":
+                a = init.args
+                n_args = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg) - 1
+                if n_args > limit:
+                    found.append(f"{where}:{node.name}.__init__ ({n_args} args)")
+    return found
+
+
+def test_no_constructor_over_15_arguments():
+    """A class with more switches groups them by concern into option dataclasses (a DataModule's ``transform`` /
+    ``loader`` / ``subsets``: data_modules/options.py; a network's ``sizes``; a model's ``losses``)."""
+    too_wide = [c for path in SOURCES.values()
+                for c in wide_constructors(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert not too_wide, (f"constructors over {MAX_CONSTRUCTOR_ARGUMENTS} arguments (group the options that belong "
+                          "together into an option dataclass, docs/configs.md \"Option groups\"):\n" + "\n".join(too_wide))
+
+
+def test_the_constructor_check_can_fail():
+    """16 arguments besides ``self`` are named with their count (keyword-only and ``**kwargs`` included); 15 are not,
+    nor is a method other than ``__init__`` or a function outside a class."""
+    args = ", ".join(f"a{i}" for i in range(14))
+    source = (f"class Wide:\n    def __init__(self, {args}, *, k=1, **kw):\n        pass\n\n    def run(self, {args}, x, y):\n"
+              f"        pass\n\n\nclass Fine:\n    def __init__(self, {args}, k=1):\n        pass\n\n\n"
+              f"def __init__({args}, x, y, z):\n    pass\n")
+    assert wide_constructors(source, "m.py") == ["m.py:Wide.__init__ (16 args)"]
+    assert wide_constructors(source, "m.py", limit=16) == []

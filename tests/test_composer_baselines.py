@@ -4,6 +4,7 @@ evaluation against grounding.retrieval_metrics on hand-made Concept & Relation G
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from grounding.composer.batch import composition_batch, same_height_partners
 from grounding.composer.data import SplitGraph
 from grounding.composer.evaluation import phrase_hits
 from grounding.composer.model import AttentionBlock, CoAttentionBlock, Composer, ComposerSizes, region_features
-from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTTraining, VSETraining
+from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTLosses, ViLBERTSizes, ViLBERTTraining, VSETraining
 from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.retrieval_metrics import retrieval_metrics
@@ -150,11 +151,17 @@ def test_sum_negatives_warm_up_before_the_hardest():
 
 
 # ------------------------------------------------------------------------------------------ ViLBERT-style
+TINY_VILBERT_SIZES = dict(text_layers=3, image_layers=2, coattention_layers=2, image_dim=16, image_heads=2,
+                          image_ffn_dim=32, co_dim=16, co_heads=2, dropout=0.0)
+
+
 def tiny_vilbert(**kw):
+    """A tiny ViLBERT; ``kw``: its other arguments, or fields of its ``sizes`` (:class:`ViLBERTSizes`)."""
     torch.manual_seed(0)
-    args = dict(text_encoder="tiny-random", text_layers=3, backbone="tiny_cnn", backbone_weights=None, image_layers=2,
-                coattention_layers=2, image_dim=16, image_heads=2, image_ffn_dim=32, co_dim=16, co_heads=2, dropout=0.0)
-    return ViLBERT(**{**args, **kw}).eval()
+    fields = {f.name for f in dataclasses.fields(ViLBERTSizes)}
+    sizes = ViLBERTSizes(**{**TINY_VILBERT_SIZES, **{k: v for k, v in kw.items() if k in fields}})
+    args = {k: v for k, v in kw.items() if k not in fields}
+    return ViLBERT(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, sizes=sizes, **args).eval()
 
 
 def test_bert_layer_as_attention_block_is_the_same_function():
@@ -247,8 +254,9 @@ def test_text_encoders_train_with_dropout():
     composer = Composer(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
                         sizes=ComposerSizes(pt_layers=2, heads=2, co_dim=16, co_heads=2, ct_layers=1))
     for net in (composer, VSE(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None),
-                ViLBERT(text_encoder="tiny-random", text_layers=2, backbone="tiny_cnn", backbone_weights=None,
-                        image_layers=1, coattention_layers=1, image_dim=16, image_heads=2, co_dim=16, co_heads=2)):
+                ViLBERT(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None,
+                        sizes=ViLBERTSizes(text_layers=2, image_layers=1, coattention_layers=1, image_dim=16,
+                                           image_heads=2, co_dim=16, co_heads=2))):
         encoder = getattr(net, "predicate_transformer", None) or net.text_encoder
         assert all(m.training for m in encoder.modules())
 
@@ -329,7 +337,8 @@ def test_vilbert_four_way_loss_and_mvsa_backpropagate():
     losses = plain.compute_losses(batch)
     assert set(losses) >= {"match", "loss", "accuracy"} and "mvsa" not in losses
     assert losses["loss"].item() == pytest.approx(losses["match"].item())
-    module = ViLBERTTraining(tiny_vilbert().train(), mvsa_loss="hinge", mvsa_margin=5.0)  # α = 5: every concept violates
+    # α = 5: every concept violates
+    module = ViLBERTTraining(tiny_vilbert().train(), losses=ViLBERTLosses(mvsa_loss="hinge", mvsa_margin=5.0))
     torch.manual_seed(0)
     losses = module.compute_losses(batch)
     assert losses["mvsa"] > 0 and losses["loss"].item() == pytest.approx(losses["match"].item() + losses["mvsa"].item())
@@ -345,7 +354,7 @@ def test_vilbert_mvsa_scores_each_concept_text_hand_checked(monkeypatch):
     each s computed by the cross-encoder on the concept's own word pieces."""
     graph, tables, _ = tiny_graph()
     batch = _train_batch(graph, tables, [0, 1, 2])
-    module = ViLBERTTraining(tiny_vilbert(), mvsa_loss="hinge", mvsa_margin=0.8)
+    module = ViLBERTTraining(tiny_vilbert(), losses=ViLBERTLosses(mvsa_loss="hinge", mvsa_margin=0.8))
     regions, region_mask = module.regions(batch)
     random_caption, random_image = np.array([1, 2, 0]), np.array([2, 0, 1])
     got = module.concept_alignment_loss(batch, regions, region_mask, random_caption, random_image)

@@ -219,7 +219,7 @@ def world_module(world, **kw) -> ComposerDataModule:
 
     captions = FlickrDataModule(root=str(world / "flickr"), karpathy_file=None, captions_file=None)
     dm = ComposerDataModule(captions, parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", batch_size=8,
-                            image_size=32, resize_size=32, **kw)
+                            transform={"image_size": 32, "resize_size": 32}, **kw)
     dm.setup("fit")
     return dm
 

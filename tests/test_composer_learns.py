@@ -12,7 +12,7 @@ import torch
 from data_modules.captions import CaptionRoundsSampler
 from grounding.composer.diagnostics import WORLD_FIT_COMPOSITION, WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
 from grounding.composer.model import Composer, ComposerSizes
-from grounding.composer.training import ComposerTraining
+from grounding.composer.training import ComposerLosses, ComposerTraining
 from grounding.nets import constructor_args
 
 # the paper's reading of the same network: [CLS] readout, no skips
@@ -56,7 +56,7 @@ def test_composer_fits_16_training_images(world16, score_head, steps):
     (docs/composer.md)."""
     torch.manual_seed(0)
     net = Composer(**constructor_args(Composer, {**WORLD_FIT_NET, "score_head": score_head}))
-    module = ComposerTraining(net, concept_reduction="mean", new_layer_lr_scale=5.0, feature_cache=False)
+    module = ComposerTraining(net, ComposerLosses(concept_reduction="mean"), new_layer_lr_scale=5.0, feature_cache=False)
     result = fit_small(module, world16, steps=steps, lr=1e-4, seed=0)
     assert result["t2i_r1"] >= 50, result
     assert np.mean(result["match"][-10:]) < np.mean(result["match"][:10])
@@ -102,7 +102,7 @@ def test_new_layers_get_their_own_learning_rate():
 def test_auxiliary_losses_ramp_in():
     torch.manual_seed(0)
     net = Composer(**TINY)
-    module = ComposerTraining(net, aux_ramp_steps=10, feature_cache=False)
+    module = ComposerTraining(net, ComposerLosses(aux_ramp_steps=10), feature_cache=False)
     factors = []
     for step in (0, 5, 10, 20):
         module.steps_taken = step
@@ -237,12 +237,12 @@ def test_cross_encoders_score_in_float32_under_bf16_autocast(world16):
     scores to bfloat16, whose steps of 0.06 near 10 tie close images). Same recalls as in float32 here (8 images, seed 0:
     t2i R@1 12.5 and 10.0 in both precisions)."""
     from grounding.composer.diagnostics import train_recall
-    from grounding.composer.vse_vilbert import ViLBERT, ViLBERTTraining
+    from grounding.composer.vse_vilbert import ViLBERT, ViLBERTSizes, ViLBERTTraining
 
     torch.manual_seed(0)
-    vilbert = ViLBERT(text_encoder="minilm", backbone="efficientnet_lite0", image_size=128, image_layers=2,
-                      coattention_layers=2, image_dim=64, image_heads=2, image_ffn_dim=64, co_dim=64, co_heads=2,
-                      norm_first=True, text_pooling="mean", dropout=0.0)
+    vilbert = ViLBERT(text_encoder="minilm", backbone="efficientnet_lite0", image_size=128, text_pooling="mean",
+                      sizes=ViLBERTSizes(image_layers=2, coattention_layers=2, image_dim=64, image_heads=2,
+                                         image_ffn_dim=64, co_dim=64, co_heads=2, norm_first=True, dropout=0.0))
     modules = [ComposerTraining(Composer(**WORLD_FIT_NET), feature_cache=False),
                ViLBERTTraining(vilbert, eval_phrases="never", feature_cache=False)]
     for module in modules:

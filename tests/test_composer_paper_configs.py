@@ -1,4 +1,4 @@
-"""COMPOSER's paper-scale configs: C30K as the COCO DataModule's seeded train_subset, the COCO val_subset, and
+"""COMPOSER's paper-scale configs: C30K as the COCO DataModule's seeded subsets.train, the COCO subsets.val, and
 the Table 2 test configs reading the MCD splits where the MCD configs write them."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import yaml
 from test_configs import stage_config
 
 from data_modules import CocoCaptionsDataModule
+from data_modules.options import SplitSubsets
 from grounding.composer.captions import C30K_SEED, c30k, read_captions
 from grounding.paths import EXPERIMENTS_DIR
 
@@ -35,10 +36,11 @@ def karpathy_coco(root: Path) -> Path:
 
 @pytest.mark.parametrize("n,seed", [(4, C30K_SEED), (6, C30K_SEED), (5, 3)])
 def test_train_subset_draws_the_c30k_images(tmp_path, n, seed):
-    """composer_c30k_paper.yaml trains on `train_subset: 29000, seed: 0`: the images c30k() (crg_c30k.yaml,
+    """composer_c30k_paper.yaml trains on `subsets: {train: 29000}, seed: 0`: the images c30k() (crg_c30k.yaml,
     mcd_coco_to_f30k.yaml) draws from Karpathy train + restval, whatever the sampler."""
     path = karpathy_coco(tmp_path)
-    dm = CocoCaptionsDataModule(root=str(tmp_path), layout="karpathy", karpathy_file=path.name, train_subset=n, seed=seed)
+    dm = CocoCaptionsDataModule(root=str(tmp_path), layout="karpathy", karpathy_file=path.name,
+                                subsets=SplitSubsets(train=n), seed=seed)
     dm.setup()
     drawn = c30k(read_captions(path), seed=seed, n_images=n)
     assert [p.name for p in dm.train_dataset.image_paths] == [Path(name).name for name in drawn.image_names]
@@ -47,7 +49,8 @@ def test_train_subset_draws_the_c30k_images(tmp_path, n, seed):
 
 def test_val_subset_keeps_the_first_validation_images(tmp_path):
     path = karpathy_coco(tmp_path)
-    dm = CocoCaptionsDataModule(root=str(tmp_path), layout="karpathy", karpathy_file=path.name, val_subset=1, test_subset=1)
+    dm = CocoCaptionsDataModule(root=str(tmp_path), layout="karpathy", karpathy_file=path.name,
+                                subsets=SplitSubsets(val=1, test=1))
     dm.setup()
     assert [p.name for p in dm.val_dataset.image_paths] == ["COCO_val2014_000000000002.jpg"]
     assert [p.name for p in dm.test_dataset.image_paths] == ["COCO_val2014_000000000003.jpg"]
@@ -57,7 +60,7 @@ def test_val_subset_keeps_the_first_validation_images(tmp_path):
 def test_c30k_config_is_the_paper_subset():
     reader = stage_config(COMPOSER / "composer_c30k_paper.yaml")["data"]["init_args"]["captions"]
     assert reader["class_path"].endswith("CocoCaptionsDataModule") and reader["init_args"]["layout"] == "karpathy"
-    assert (reader["init_args"]["train_subset"], reader["init_args"]["seed"]) == (29000, C30K_SEED)
+    assert (reader["init_args"]["subsets"]["train"], reader["init_args"]["seed"]) == (29000, C30K_SEED)
     crg = yaml.safe_load((COMPOSER / "crg_c30k.yaml").read_text())["crg"]
     assert (crg["captions_subset"], crg["captions_sample_seed"]) == ("c30k", C30K_SEED)
 

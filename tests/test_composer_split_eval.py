@@ -1,4 +1,5 @@
-"""`python -m grounding.composer evaluate-splits`: a checkpoint tested on the MCD and graded splits (Fig. 4),
+"""`python -m grounding.leaderboard.evaluate_splits` (old name `python -m grounding.composer evaluate-splits`): a
+checkpoint tested on the MCD and graded splits (Fig. 4),
 its table and plot, its bad-input lines, and test-only Karpathy files in ComposerDataModule."""
 
 from __future__ import annotations
@@ -17,12 +18,24 @@ from grounding.cli import main as cli_main
 from grounding.composer import backend_available, read_captions, write_karpathy_split
 from grounding.composer.__main__ import main
 from grounding.composer.data import ComposerDataModule
+from grounding.errors import user_errors_exit
+from grounding.leaderboard.evaluate_splits import PROG
+from grounding.leaderboard.evaluate_splits import main as splits_main
 from grounding.leaderboard.splits import COLUMNS, find_splits, plot_fig4, write_table
 from grounding.paths import EXPERIMENTS_DIR
 
 WORLD_CONFIG = EXPERIMENTS_DIR / "composer" / "composer_world.yaml"
 TINY_NET = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None,
             "sizes": {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}}
+
+
+def split_eval(argv: list[str]) -> int:
+    """``python -m grounding.leaderboard.evaluate_splits <argv>``'s exit status, run in this process."""
+    try:
+        with user_errors_exit(PROG):
+            return splits_main(argv)
+    except SystemExit as e:
+        return e.code
 
 
 def _need_spacy():
@@ -76,7 +89,7 @@ def test_table_and_fig4_from_synthetic_metrics(tmp_path):
 
 
 def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "GROUNDING_DEBUG" not in line]
     assert len(err) == 1, err
     return err[0]
 
@@ -85,20 +98,20 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
     ckpt = tmp_path / "stage1.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1)}, "hyper_parameters": {"_class_path": "grounding.vgbert.GroundingPretrain"}},
                ckpt)
-    base = ["evaluate-splits", "--config", str(WORLD_CONFIG), "--ckpt", str(ckpt)]
-    assert main([*base, "--splits", str(tmp_path / "nowhere")]) == 2
+    base = ["--config", str(WORLD_CONFIG), "--ckpt", str(ckpt)]
+    assert split_eval([*base, "--splits", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in _one_error_line(capsys)
     (tmp_path / "empty").mkdir()
-    assert main([*base, "--splits", str(tmp_path / "empty")]) == 2
+    assert split_eval([*base, "--splits", str(tmp_path / "empty")]) == 2
     assert "no mcd.json" in _one_error_line(capsys)
     splits = _fake_splits(tmp_path)
-    assert main([*base, "--splits", str(splits)]) == 2
+    assert split_eval([*base, "--splits", str(splits)]) == 2
     line = _one_error_line(capsys)
     assert "grounding.vgbert.GroundingPretrain (another stage)" in line and str(ckpt) in line
-    assert main([*base[:-1], str(tmp_path / "missing.ckpt"), "--splits", str(splits)]) == 2
+    assert split_eval([*base[:-1], str(tmp_path / "missing.ckpt"), "--splits", str(splits)]) == 2
     assert "no such file" in _one_error_line(capsys)
     stage1 = EXPERIMENTS_DIR / "vgbert" / "stage1_tiny.yaml"
-    assert main(["evaluate-splits", "--config", str(stage1), "--ckpt", str(ckpt), "--splits", str(splits)]) == 2
+    assert split_eval(["--config", str(stage1), "--ckpt", str(ckpt), "--splits", str(splits)]) == 2
     assert "not COMPOSER" in _one_error_line(capsys)
 
 
@@ -115,7 +128,8 @@ def test_test_only_karpathy_file_loads_in_composer_datamodule(tiny_world, tmp_pa
     with pytest.raises(MalformedDataError, match="'train' split has no captioned images"):
         FlickrDataModule(root=str(tiny_world / "flickr"), karpathy_file=str(path)).setup()
     captions = FlickrDataModule(root=str(tiny_world / "flickr"), karpathy_file=str(path), test_only=True)
-    dm = ComposerDataModule(captions, text_encoder="tiny-random", image_size=64, resize_size=64, caption_batch_size=4)
+    dm = ComposerDataModule(captions, text_encoder="tiny-random", transform={"image_size": 64, "resize_size": 64},
+                            caption_batch_size=4)
     dm.setup()
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [0, 0, 3]
     assert [dm.graphs[s].graph.n_captions for s in ("train", "val", "test")] == [0, 0, 15]
@@ -153,7 +167,7 @@ def test_evaluate_splits_end_to_end_on_a_tiny_world(tiny_world, tmp_path, monkey
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
     out = tmp_path / "report"
-    assert main(["evaluate-splits", "--config", str(config), "--ckpt", str(ckpt), "--splits", str(splits),
+    assert split_eval(["--config", str(config), "--ckpt", str(ckpt), "--splits", str(splits),
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((splits / "summary.json").read_text())
@@ -175,3 +189,12 @@ def test_evaluate_splits_end_to_end_on_a_tiny_world(tiny_world, tmp_path, monkey
     with open(out / "splits.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     assert (out / "fig4.png").stat().st_size > 0
+
+
+def test_the_old_command_name_runs_the_split_evaluation(tmp_path, capfd):
+    """`python -m grounding.composer evaluate-splits` starts `python -m grounding.leaderboard.evaluate_splits` (a process: the
+    paper package never imports the top floor), with its options and its exit status."""
+    assert main(["evaluate-splits", "--config", str(WORLD_CONFIG), "--ckpt", "x.ckpt", "--splits",
+                 str(tmp_path / "nowhere")]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and err[0].startswith(f"{PROG}: error:") and "no such folder" in err[0] and "Traceback" not in "".join(err)

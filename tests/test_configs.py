@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 
 import numpy as np
 import pytest
@@ -49,7 +50,8 @@ def stage_config(path):
 # COMPOSER's attention widths must divide the tiny text encoder's (32)
 COMPOSER_OFFLINE = {"sizes.heads": 2, "sizes.co_heads": 2, "sizes.co_dim": 16, "sizes.dim": 32}
 # the ViLBERT-style baseline's image stream and co-attention at test size (its paper configs are 1024 wide)
-VILBERT_OFFLINE = {"image_dim": 32, "image_heads": 2, "image_ffn_dim": 64, "co_dim": 16, "co_heads": 2}
+VILBERT_OFFLINE = {"sizes.image_dim": 32, "sizes.image_heads": 2, "sizes.image_ffn_dim": 64, "sizes.co_dim": 16,
+                   "sizes.co_heads": 2}
 
 
 def world_region_files(world, out, dim: int):
@@ -168,7 +170,11 @@ RUNS = [pytest.param(p, marks=pytest.mark.slow) if i in SLOW_RUNS or i.startswit
 @pytest.mark.parametrize("path", RUNS, ids=IDS)
 def test_config_runs_fast_dev_run(path, tiny_world, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
-    main(["fit", "--config", str(path), *offline_overrides(path, tiny_world, tmp_path)])
+    cli = main(["fit", "--config", str(path), *offline_overrides(path, tiny_world, tmp_path)])
+    # the fit ran to its end and trained: at least one optimizer step, its logged losses finite
+    assert cli.trainer.state.finished and cli.trainer.global_step >= 1, (path, cli.trainer.state)
+    losses = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if "loss" in k}
+    assert all(math.isfinite(v) for v in losses.values()), losses
 
 
 # ---- the other YAMLs under experiments/: sweeps and COMPOSER commands ----------------------------

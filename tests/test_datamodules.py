@@ -4,6 +4,7 @@ and clear failures on a missing root, a missing image, malformed JSON and a corr
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,12 @@ from data_modules import (
 )
 from data_modules.captions import EpochSampler
 from data_modules.file_checks import iter_json_array
+from data_modules.options import CaptionLoaderOptions, ImageTransform, LoaderOptions, SplitSubsets
 from data_modules.visual_genome import VGFilters, VGSplit
 from grounding.nets import constructor_args
 
 TOK = "tiny-random"  # same WordPiece tokenizer as minilm, nothing to download
-SMALL = dict(text_encoder=TOK, image_size=32, resize_size=36, batch_size=3)
+SMALL = dict(text_encoder=TOK, transform=ImageTransform(image_size=32, resize_size=36), batch_size=3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ def first(loader):
 # --------------------------------------------------------------------------------------------
 # Flickr
 # --------------------------------------------------------------------------------------------
-def test_flickr_token_format_splits_and_batches(tmp_path):
+def test_flickr_token_format_splits_and_batches(tmp_path, caplog):
     info = write_flickr_token(tmp_path)
     dm = FlickrDataModule(root=str(tmp_path), **SMALL)
     dm.setup("fit")
@@ -153,6 +155,15 @@ def test_flickr_token_format_splits_and_batches(tmp_path):
     assert dm.train_dataset.captions[0] == caps(0)
     # skipped and counted, not an error: the unlisted photo, and the id that names no photo
     assert dm.unlisted_captioned == {"photos": 1, "no_photo": 1}
+    # ... and the listed image without captions is said, not dropped in silence
+    assert dm.listed_uncaptioned["test"] == {"photos": 1, "no_photo": 0}
+    assert dm.listed_uncaptioned["train"] == dm.listed_uncaptioned["val"] == {"photos": 0, "no_photo": 0}
+    with (tmp_path / "Flickr_8k.devImages.txt").open("a") as f:
+        f.write("typo_1234.jpg\n")
+    with caplog.at_level(logging.WARNING, logger="data_modules.flickr"):
+        FlickrDataModule(root=str(tmp_path), **SMALL).setup("fit")
+    said = [r.getMessage() for r in caplog.records if "Flickr_8k.devImages.txt" in r.getMessage()]
+    assert len(said) == 1 and "1 image(s)" in said[0] and "typo_1234.jpg" in said[0] and "1 with no photo" in said[0]
 
     batch = first(dm.train_dataloader())
     assert batch["images"].shape == (3, 3, 32, 32) and batch["images"].dtype == torch.float32
@@ -223,13 +234,14 @@ def test_every_caption_once_an_epoch_with_captions_per_epoch_all(tmp_path):
         loader.sampler.set_epoch(epoch)
         return dm, [(int(i), c) for b in loader for i, c in zip(b["image_index"], b["captions"])]
 
-    dm, a = pairs(0, captions_per_epoch="all")
+    every = CaptionLoaderOptions(captions_per_epoch="all")
+    dm, a = pairs(0, loader=every)
     expected = sorted((i, c) for i, cs in enumerate(dm.train_dataset.captions) for c in cs)
     assert len(expected) > len(dm.train_dataset) and sorted(a) == expected  # each (image, caption) exactly once
-    assert pairs(0, captions_per_epoch="all")[1] == a and pairs(1, captions_per_epoch="all")[1] != a
+    assert pairs(0, loader=every)[1] == a and pairs(1, loader=every)[1] != a
     assert len(pairs(0)[1]) == len(dm.train_dataset)  # the default: one caption an image
-    with pytest.raises(ValueError, match="captions_per_epoch must be one of"):
-        FlickrDataModule(root=str(tmp_path), **SMALL, captions_per_epoch="every")
+    with pytest.raises(ValueError, match="loader.captions_per_epoch must be one of"):
+        FlickrDataModule(root=str(tmp_path), **SMALL, loader={"captions_per_epoch": "every"})
 
 
 def test_epoch_sampler_covers_captions_uniformly():
@@ -274,12 +286,59 @@ def test_coco_karpathy_splits(tmp_path, layout, karpathy_file, use_restval):
 
 def test_coco_subsets(tmp_path):
     write_coco(tmp_path)
-    dm = CocoCaptionsDataModule(root=str(tmp_path), train_subset=3, test_subset=1, seed=5, **SMALL)
+    dm = CocoCaptionsDataModule(root=str(tmp_path), subsets=SplitSubsets(train=3, test=1), seed=5, **SMALL)
     dm.setup()
     assert len(dm.train_dataset) == 3 and len(dm.test_dataset) == 1 and len(dm.val_dataset) == 4
-    dm2 = CocoCaptionsDataModule(root=str(tmp_path), train_subset=3, test_subset=1, seed=5, **SMALL)
+    dm2 = CocoCaptionsDataModule(root=str(tmp_path), subsets=SplitSubsets(train=3, test=1), seed=5, **SMALL)
     dm2.setup()
     assert dm.train_dataset.image_paths == dm2.train_dataset.image_paths
+
+
+# --------------------------------------------------------------------------------------------
+# The shared option groups (data_modules/options.py)
+# --------------------------------------------------------------------------------------------
+def test_every_datamodule_takes_the_shared_transform_and_loader_groups():
+    """The image transform and the loader block are defined once: every image DataModule takes them as the same
+    dataclasses (the caption readers and COMPOSER's add the training sampler to the loader, and the caption readers
+    the subsets), and none keeps a flat copy of their fields."""
+    import dataclasses
+    import inspect
+
+    from data_modules.image_folder import ImageFolderDataModule
+    from grounding.composer.data import ComposerDataModule
+    from grounding.nets import option_groups
+
+    captions = (FlickrDataModule, CocoCaptionsDataModule)
+    for cls in (*captions, VisualGenomeDataModule, ImageFolderDataModule, ComposerDataModule):
+        groups = option_groups(cls)
+        assert groups["transform"] is ImageTransform, cls
+        assert issubclass(groups["loader"], LoaderOptions), cls
+        assert (groups.get("subsets") is SplitSubsets) == (cls in captions), cls
+        flat = set(inspect.signature(cls).parameters)
+        for group in (ImageTransform, CaptionLoaderOptions, SplitSubsets):
+            assert not flat & {f.name for f in dataclasses.fields(group)}, (cls, group)
+        assert len(flat) <= 15, cls
+
+
+def test_a_group_given_as_a_mapping_or_its_fields_given_flat(tmp_path):
+    """Python callers (and runs recorded before the groups) may give a group as a mapping or its fields flat, also
+    under their former names (``train_subset``): the DataModule builds the same thing."""
+    write_coco(tmp_path)
+    grouped = CocoCaptionsDataModule(root=str(tmp_path), text_encoder=TOK, transform=ImageTransform(32, 36),
+                                     loader=CaptionLoaderOptions(num_workers=0, drop_last=True),
+                                     subsets=SplitSubsets(train=3), seed=5)
+    mapping = CocoCaptionsDataModule(root=str(tmp_path), text_encoder=TOK, transform={"image_size": 32, "resize_size": 36},
+                                     loader={"drop_last": True}, subsets={"train": 3}, seed=5)
+    flat = CocoCaptionsDataModule(root=str(tmp_path), text_encoder=TOK, image_size=32, resize_size=36, drop_last=True,
+                                  train_subset=3, seed=5)
+    for dm in (grouped, mapping, flat):
+        assert (dm.transform_options, dm.loader_options, dm.subsets) == (
+            grouped.transform_options, grouped.loader_options, grouped.subsets)
+        assert (dm.image_size, dm.resize_size, dm.drop_last, dm.train_subset) == (32, 36, True, 3)
+        dm.setup()
+        assert dm.train_dataset.image_paths == grouped.train_dataset.image_paths
+    with pytest.raises(ValueError, match="subsets.test must be >= 0"):
+        SplitSubsets(test=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -680,7 +739,8 @@ def test_classes_parse_from_config(tmp_path):
     cfg = parser.parse_object({"data": {"class_path": "data_modules.VisualGenomeDataModule",
                                         "init_args": {"root": str(tmp_path), "filters": {"min_triplets": 5},
                                                       "split": {"val_size": 0, "test_size": 0.25}, "text_encoder": TOK,
-                                                      "mean": [0.5, 0.5, 0.5],
+                                                      "transform": {"mean": [0.5, 0.5, 0.5]},
+                                                      "loader": {"num_workers": 0},
                                                       "label_mapping": {
                                                           "class_path": "data_modules.VocabularyLabelMapping",
                                                           "init_args": {"object_classes": ["man.n.01"],
@@ -688,10 +748,13 @@ def test_classes_parse_from_config(tmp_path):
     dm = parser.instantiate(cfg).data
     assert isinstance(dm, VisualGenomeDataModule) and dm.min_triplets == 5 and dm.test_size == 0.25
     assert dm.label_mapping.relation_labels == ["near"] and dm.mean == (0.5, 0.5, 0.5)
+    assert dm.resize_size == 224  # Visual Genome's own default of the shared group (the caption readers': 256)
     for cls in ("CocoCaptionsDataModule", "FlickrDataModule"):
         cfg = parser.parse_object({"data": {"class_path": f"data_modules.{cls}",
-                                            "init_args": {"root": "data/world", "batch_size": 7}}})
-        assert parser.instantiate(cfg).data.batch_size == 7
+                                            "init_args": {"root": "data/world", "batch_size": 7,
+                                                          "subsets": {"test": 5}, "loader": {"captions_per_epoch": "all"}}}})
+        dm = parser.instantiate(cfg).data
+        assert (dm.batch_size, dm.test_subset, dm.captions_per_epoch, dm.resize_size) == (7, 5, "all", 256)
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,8 +820,8 @@ def test_world_flickr_round_trip(tiny_world, kwargs):
 
 
 def test_world_visual_genome_round_trip(tiny_world):
-    dm = VisualGenomeDataModule(root=str(tiny_world / "visual_genome"), text_encoder=TOK, image_size=32,
-                                resize_size=32, batch_size=4)
+    dm = VisualGenomeDataModule(root=str(tiny_world / "visual_genome"), text_encoder=TOK,
+                                transform=ImageTransform(image_size=32, resize_size=32), batch_size=4)
     dm.setup()
     images = {r["image_id"]: r for r in _world(tiny_world)}
     rels = {e["image_id"]: e["relationships"]

@@ -29,7 +29,7 @@ from grounding.training_images import (
 )
 
 NET = dict(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, visual_heads=4, image_size=64)
-DATA = dict(text_encoder="tiny-random", image_size=64, resize_size=64, batch_size=8)
+DATA = dict(text_encoder="tiny-random", transform={"image_size": 64, "resize_size": 64}, batch_size=8)
 
 
 def _coco(world, **kw):
@@ -135,10 +135,14 @@ def test_disjoint_evaluation_passes(chain):
     world = chain["world"]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*training images")  # no warning either
-        _setup_check(_stage2(str(chain["stage1"]), _vg(world)), _vg(world))
+        stage2 = _setup_check(_stage2(str(chain["stage1"]), _vg(world)), _vg(world))
         from grounding.vgbert.search_heads import SearchHeads
 
-        _setup_check(SearchHeads(init_from=str(chain["stage2"]), feature_cache=False), _coco(world))
+        heads = _setup_check(SearchHeads(init_from=str(chain["stage2"]), feature_cache=False), _coco(world))
+    # the check ran on the whole chain (not skipped for want of a record): its own images and every earlier stage's
+    assert stage2.checked and heads.checked
+    assert [e["depth"] for e in stage2.entries] == [0, 1] and [e["depth"] for e in heads.entries] == [0, 1, 2]
+    assert np.array_equal(key_set(stage2.entries[1]["keys"]), key_set(_coco(world).image_keys("train")))
 
 
 # ------------------------------------------------------------------------------------------------ the check
@@ -259,7 +263,7 @@ def _stage2_config(path: Path, world: Path, root: Path) -> Path:
     path.write_text(yaml.safe_dump({
         "base": str(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml"),
         "model": {"init_args": {"net": {"init_args": {k: v for k, v in NET.items() if k != "image_size"}}}},
-        "data": {"init_args": {"root": str(world / "visual_genome"), "batch_size": 8, "resize_size": 64}},
+        "data": {"init_args": {"root": str(world / "visual_genome"), "batch_size": 8, "transform": {"resize_size": 64}}},
         "trainer": {"logger": False, "callbacks": [], "enable_progress_bar": False, "enable_model_summary": False,
                     "default_root_dir": str(root), "max_epochs": 1, "limit_train_batches": 1, "limit_val_batches": 1}}))
     return path

@@ -68,7 +68,7 @@ def board(tiny_world, tmp_path_factory):
             "composer": _config(folder, "composer", "composer/composer_world.yaml",
                                 {**OFFLINE, "image_size": 64, "sizes": {"heads": 2, "co_heads": 2, "co_dim": 16, "dim": 32}},
                                 {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
-                                 "resize_size": 64}),
+                                 "transform": {"resize_size": 64}}),
         }
         ckpts = {name: _fit(cfg, folder / f"run_{name}") for name, cfg in configs.items()}
         ste = STEEmbedding.load(tiny_world_ste(folder / "ste"))
@@ -162,6 +162,9 @@ def test_bad_queries_are_messages(board):
     explorer = board["explorer"]
     for query in ("", "   ", "x" * 301):
         with pytest.raises(QueryError):
+            explorer.search(query)
+    for query in ("?!...", "🙂🙂", " - ! "):  # no word: every model would still rank, on nothing (the page shows this)
+        with pytest.raises(QueryError, match="has no words"):
             explorer.search(query)
     with pytest.raises(QueryError):
         explorer.captions(10_000)

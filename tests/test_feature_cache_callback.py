@@ -111,6 +111,7 @@ def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, m
     encoder's caption DataModule and COMPOSER's DataModule (VSE, ViLBERT-style, COMPOSER) reading the same photos at
     the same size share every split's cache folder; another resize is another folder."""
     from data_modules import FlickrDataModule
+    from data_modules.options import ImageTransform
     from grounding.composer.data import ComposerDataModule, CRGParsing
     from grounding.encoders import load_visual_backbone
     from grounding.feature_cache import cache_key
@@ -118,13 +119,14 @@ def test_one_cache_serves_every_model_on_the_same_photos(tiny_world, tmp_path, m
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     backbone = load_visual_backbone("tiny_cnn", weights=None)
 
-    def reader(**kw):
+    def reader(resize_size=32):
         return FlickrDataModule(root=str(tiny_world / "flickr"), karpathy_file=None, captions_file=None,
-                                text_encoder="tiny-random", image_size=32, resize_size=kw.pop("resize_size", 32), **kw)
+                                text_encoder="tiny-random", transform=ImageTransform(32, resize_size))
 
     dual = reader()
     dual.setup()
-    composer = ComposerDataModule(reader(), parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", image_size=32, resize_size=32)
+    composer = ComposerDataModule(reader(), parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random",
+                                  transform=ImageTransform(32, 32))
     composer.setup()
     other = reader(resize_size=40)
     other.setup()

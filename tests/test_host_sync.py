@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from data_modules.options import CaptionLoaderOptions, ImageTransform
 from grounding.composer.data import ComposerDataModule, CRGParsing, HardNegativePool
 from grounding.composer.model import Composer, ComposerSizes, CompositionOptions
-from grounding.composer.training import ComposerTraining
-from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTTraining, VSETraining
+from grounding.composer.training import ComposerLosses, ComposerTraining
+from grounding.composer.vse_vilbert import VSE, ViLBERT, ViLBERTLosses, ViLBERTSizes, ViLBERTTraining, VSETraining
 from grounding.host_sync import SyncCounter, host_numpy
 
 
@@ -63,19 +64,22 @@ def composer(**composition):
                                                                            ct_layers=3, dropout=0.1), composition=options)
 
 
+TINY_VILBERT = dict(text_layers=3, image_layers=2, coattention_layers=2, image_dim=16, image_heads=2, image_ffn_dim=32,
+                    co_dim=16, co_heads=2)
+MVSA = ViLBERTLosses(mvsa_loss="hinge", mvsa_max_concepts=2)
+
+
 def vilbert():
-    return ViLBERT(**TINY_TEXT, text_layers=3, image_layers=2, coattention_layers=2, image_dim=16, image_heads=2,
-                   image_ffn_dim=32, co_dim=16, co_heads=2, packed_tokens=True, length_groups=2)
+    return ViLBERT(**TINY_TEXT, sizes=ViLBERTSizes(**TINY_VILBERT), packed_tokens=True, length_groups=2)
 
 
 MODELS = {
-    "composer": lambda mode: ComposerTraining(composer(), hard_negatives=mode, concept_reduction="mean",
+    "composer": lambda mode: ComposerTraining(composer(), ComposerLosses(concept_reduction="mean"), hard_negatives=mode,
                                               feature_cache=False),
     "composer image_stream_once": lambda mode: ComposerTraining(composer(image_stream_once=True), hard_negatives=mode,
                                                                 feature_cache=False),
     "vilbert": lambda mode: ViLBERTTraining(vilbert(), hard_negatives=mode, feature_cache=False),
-    "vilbert + mvsa": lambda mode: ViLBERTTraining(vilbert(), hard_negatives=mode, mvsa_loss="hinge",
-                                                   mvsa_max_concepts=2, feature_cache=False),
+    "vilbert + mvsa": lambda mode: ViLBERTTraining(vilbert(), hard_negatives=mode, losses=MVSA, feature_cache=False),
     "vse": lambda mode: VSETraining(VSE(**TINY_TEXT, text_layers=2, dim=16), feature_cache=False),
 }
 
@@ -97,8 +101,9 @@ def world_batches(tiny_world, tmp_path_factory):
         # the pool batches come from 2 worker processes: their tensors reach the step through shared memory, and the
         # batch's host arrays must stay its own (a view of a tensor would read freed memory there)
         dm = ComposerDataModule(captions, parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", batch_size=8,
-                                image_size=32, resize_size=32, hard_negatives=mode, num_workers=2 if mode == "pool" else 0,
-                                **extra)
+                                transform=ImageTransform(image_size=32, resize_size=32), hard_negatives=mode,
+                                loader=CaptionLoaderOptions(num_workers=2 if mode == "pool" else 0, drop_last=True,
+                                                            captions_per_epoch="all"), **extra)
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))
         np.testing.assert_array_equal(batch["host"].placeholder_pos, batch["placeholder_pos"].numpy())
@@ -152,19 +157,18 @@ def test_the_world_fit_reproduces_its_recorded_losses(world48, case):
     mode = "random" if "random" in case else "batch"
     dropout = 0.1 if case.endswith("0.1") else 0.0
     dm = ComposerDataModule(FlickrDataModule(root=str(world48 / "flickr"), karpathy_file=None, captions_file=None),
-                            parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", batch_size=8, image_size=32,
-                            resize_size=32, hard_negatives=mode)
+                            parsing=CRGParsing(backend="spacy"), text_encoder="tiny-random", batch_size=8,
+                            transform=ImageTransform(image_size=32, resize_size=32), hard_negatives=mode)
     dm.setup("fit")
     torch.manual_seed(0)
     if case.startswith("composer"):
         net = Composer(**TINY_TEXT, sizes=ComposerSizes(pt_layers=2, heads=2, co_dim=16, co_heads=2, ct_layers=3,
                                                         dropout=dropout),
                        composition=CompositionOptions(readout="mean", modulator_skip=True, child_skip=True))
-        module = ComposerTraining(net, hard_negatives=mode, concept_reduction="mean", feature_cache=False)
+        module = ComposerTraining(net, ComposerLosses(concept_reduction="mean"), hard_negatives=mode, feature_cache=False)
     else:
-        net = ViLBERT(**TINY_TEXT, text_layers=3, image_layers=2, coattention_layers=2, image_dim=16, image_heads=2,
-                      image_ffn_dim=32, co_dim=16, co_heads=2, dropout=dropout)
-        module = ViLBERTTraining(net, hard_negatives=mode, mvsa_loss="hinge", mvsa_max_concepts=2, feature_cache=False)
+        net = ViLBERT(**TINY_TEXT, sizes=ViLBERTSizes(**TINY_VILBERT, dropout=dropout))
+        module = ViLBERTTraining(net, hard_negatives=mode, losses=MVSA, feature_cache=False)
     module.train()
     optimizer = torch.optim.Adam(module.trainable_parameters(), lr=1e-3)
     losses = []

@@ -89,7 +89,8 @@ def tiny_region_setup(tiny_world) -> tuple[dict, dict, dict]:
     offline = {"text_encoder": "tiny-random", "backbone": "tiny_cnn", "backbone_weights": None, "image_size": 64}
     flickr = {"class_path": "data_modules.FlickrDataModule",
               "init_args": {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None}}
-    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8, "resize_size": 64}
+    data = {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
+            "transform": {"resize_size": 64}}
     return offline, flickr, data
 
 
@@ -98,8 +99,9 @@ def _tiny_vse_and_vilbert(tiny_world, tmp_path) -> tuple[dict, str, str]:
     offline, flickr, data = tiny_region_setup(tiny_world)
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "dim": 32}, data)
     vilbert = _tiny_config(tmp_path, "vilbert", "composer/vilbert_world.yaml", tiny_world,
-                           {**offline, "text_layers": 2, "image_layers": 1, "coattention_layers": 1, "image_dim": 16,
-                            "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16, "co_heads": 2}, data)
+                           {**offline, "sizes": {"text_layers": 2, "image_layers": 1, "coattention_layers": 1,
+                                                 "image_dim": 16, "image_heads": 2, "image_ffn_dim": 32, "co_dim": 16,
+                                                 "co_heads": 2}}, data)
     return flickr, vse, vilbert
 
 
@@ -139,10 +141,10 @@ def test_leaderboard_numbers_equal_each_stages_own_test(tiny_world, tmp_path, mo
                           {"root": str(tiny_world / "coco"), "batch_size": 8, "eval_batch_size": 8})
     vse = _tiny_config(tmp_path, "vse", "composer/vse_world.yaml", tiny_world, {**offline, "image_size": 64, "dim": 32},
                        {"captions": flickr, "world_meta": str(tiny_world / "world.json"), "batch_size": 8,
-                        "resize_size": 64})
+                        "transform": {"resize_size": 64}})
     ckpts = {"stage1": _fit(stage1, tmp_path / "run_stage1"), "vse": _fit(vse, tmp_path / "run_vse")}
     subset = str(tmp_path / "subset.yaml")
-    (tmp_path / "subset.yaml").write_text(yaml.safe_dump({"base": stage1, "data": {"init_args": {"test_subset": 2}}}))
+    (tmp_path / "subset.yaml").write_text(yaml.safe_dump({"base": stage1, "data": {"init_args": {"subsets": {"test": 2}}}}))
     # each stage's own `test` on the leaderboard's test set (VG-BERT's caption stage reads the world's Flickr layout)
     own = {"stage1": _own_test(stage1, ckpts["stage1"], tmp_path / "t1", "--data", "data_modules.FlickrDataModule",
                                f"--data.init_args.root={tiny_world / 'flickr'}"),

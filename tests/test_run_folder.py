@@ -8,11 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from run_helpers import tiny_stage1_config
 
+from grounding.lightning import AtomicCheckpointIO
 from grounding.paths import REPO_ROOT
 from grounding.run_folder import RunFolderError, RunLock, check_fit_target, config_differences
 
@@ -49,7 +53,8 @@ def test_check_fit_target_refuses_another_config_unless_resume_or_overwrite(tmp_
 
 def test_a_resume_keeps_what_the_run_trains(tmp_path, capsys):
     """Resuming under other model/data values would train the run's later epochs as another model: refused;
-    trainer settings (a longer schedule) may change, and --overwrite accepts the change on purpose."""
+    trainer settings (a longer schedule) may change, and --overwrite accepts the change on purpose, the run's
+    records moved aside whole (the resumed run writes its own)."""
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
     old = {"model": {"init_args": {"mvsa_max_concepts": None, "lr": 1, "eval_pair_chunk": 2048}}, "data": {"seed": 0},
@@ -64,9 +69,14 @@ def test_a_resume_keeps_what_the_run_trains(tmp_path, capsys):
                          ({**old, "data": {"seed": 1}}, "data.seed")]:
         with pytest.raises(RunFolderError, match=rf"differs in {key}: .*own config.*--overwrite true"):
             check_fit_target(tmp_path, changed, resuming=True, overwrite=False)
-        check_fit_target(tmp_path, changed, resuming=True, overwrite=True)
+        assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"x"  # nothing moved by a refusal
+        moved = check_fit_target(tmp_path, changed, resuming=True, overwrite=True)
         assert f"differs in {key}" in capsys.readouterr().err
-    assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"x"  # nothing set aside by a resume
+        assert (moved / "checkpoints" / "last.ckpt").read_bytes() == b"x" and yaml.safe_load(
+            (moved / "config.yaml").read_text()) == old and not (tmp_path / "config.yaml").exists()
+        (tmp_path / "checkpoints").mkdir()
+        (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     (tmp_path / "config.yaml").unlink()  # a checkpoint without its run's record: nothing to compare with
     check_fit_target(tmp_path, longer, resuming=True, overwrite=False)
 
@@ -127,3 +137,63 @@ def test_cli_run_folder_owned_by_one_run(tiny_world, tmp_path, monkeypatch):
 
     run("fit", "--model.init_args.optimizer.init_args.lr=0.5", "--overwrite=true")
     assert yaml.safe_load((root / "config.yaml").read_text())["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.5
+
+
+def test_a_resume_never_ignores_a_changed_model_value(tiny_world, tmp_path, monkeypatch, capsys):
+    """`fit --ckpt_path last` with another model value (the temperature) is refused, the run's files untouched; with
+    --overwrite true the given value is the one trained and recorded, and the earlier run is moved aside, whole."""
+    from grounding.cli import main
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, root, max_epochs=1, limit_train_batches=1,
+                                limit_val_batches=1)
+
+    def run(*args):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return main([args[0], "--config", str(config), *args[1:]])
+
+    run("fit")
+    recorded = yaml.safe_load((root / "config.yaml").read_text())["model"]["init_args"]["temperature"]
+    before = {p: p.read_bytes() for p in [root / "config.yaml", root / "checkpoints" / "last.ckpt"]}
+    with pytest.raises(RunFolderError, match=rf"(?s)temperature \({recorded!r} in the checkpoint, 0.5 given\).*--overwrite"):
+        run("fit", "--trainer.max_epochs=2", "--ckpt_path=last", "--model.init_args.temperature=0.5")
+    assert all(p.read_bytes() == data for p, data in before.items())
+
+    cli = run("fit", "--trainer.max_epochs=2", "--ckpt_path=last", "--model.init_args.temperature=0.5", "--overwrite=true")
+    assert cli.model.hparams.temperature == 0.5 and cli.trainer.current_epoch == 2  # resumed after epoch 0
+    assert yaml.safe_load((root / "config.yaml").read_text())["model"]["init_args"]["temperature"] == 0.5
+    (aside,) = (root / "replaced").iterdir()
+    assert {p: (aside / p.relative_to(root)).read_bytes() for p in before} == before
+    assert "moved to" in capsys.readouterr().err
+
+    # a save killed part-way left its temporary beside last.ckpt: the next fit removes it, and saves atomically
+    stale = root / "checkpoints" / ".last.ckpt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    cli = run("fit", "--trainer.max_epochs=3", "--ckpt_path=last", "--model.init_args.temperature=0.5")
+    assert not stale.exists() and type(cli.trainer.strategy.checkpoint_io).__name__ == "AtomicCheckpointIO"
+
+    # test: the checkpoint's network is the one evaluated, and the command says so when the config differs
+    run("test", "--ckpt_path=last", "--model.init_args.temperature=0.7", "--trainer.limit_test_batches=1")
+    assert "temperature (0.5 in the checkpoint, 0.7 given)" in capsys.readouterr().err
+
+
+def test_a_checkpoint_save_killed_part_way_leaves_the_target_as_it_was(tmp_path, monkeypatch):
+    """AtomicCheckpointIO writes beside the target and renames: a save that fails part-way leaves the earlier
+    checkpoint whole and nothing in the system temp folder (Lightning's fsspec writer stages the file there)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "system_tmp"))
+    (tmp_path / "system_tmp").mkdir()
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io_plugin = AtomicCheckpointIO()
+    io_plugin.save_checkpoint({"epoch": 1, "w": torch.ones(3)}, target)
+    earlier = target.read_bytes()
+
+    def killed(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        io_plugin.save_checkpoint({"epoch": 2, "w": torch.zeros(3)}, target)
+    assert target.read_bytes() == earlier and [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+    assert not any((tmp_path / "system_tmp").iterdir())

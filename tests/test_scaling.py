@@ -37,11 +37,11 @@ from grounding.training_images import checkpoint_training_keys
 
 
 def test_subset_override_reaches_each_datamodules_reader():
-    """COMPOSER's DataModule wraps a caption DataModule: its train_subset sits one level down."""
+    """COMPOSER's DataModule wraps a caption DataModule: its subsets.train sits one level down."""
     assert subset_override(str(EXPERIMENTS_DIR / "vgbert" / "baseline_flickr8k_full.yaml"), 750) == \
-        {"data": {"init_args": {"train_subset": 750}}}
+        {"data": {"init_args": {"subsets": {"train": 750}}}}
     assert subset_override(str(EXPERIMENTS_DIR / "composer" / "vse_flickr8k_full.yaml"), 750) == \
-        {"data": {"init_args": {"captions": {"init_args": {"train_subset": 750}}}}}
+        {"data": {"init_args": {"captions": {"init_args": {"subsets": {"train": 750}}}}}}
     assert slug("CLIP-style dual encoder") == "clip-style_dual_encoder" and slug("ViLBERT + MVSA") == "vilbert_+_mvsa"
 
 
@@ -124,7 +124,7 @@ def test_a_cross_encoder_at_n_photos_reranks_its_first_stage_at_n_photos(tmp_pat
     assert by[("VSE", 750)][0] is None and by[("ViLBERT-style", 750)][0] is None  # no runs yet: skipped rows
     # VSE: 8 epochs validated each -> at 4 and 8; ViLBERT-style: every 2nd of 8 -> at 4 and 8
     assert "--trainer.check_val_every_n_epoch 4" in by[("VSE", 750)][1]
-    assert "train_subset: 750" in by[("ViLBERT-style", 750)][1]
+    assert "subsets: {train: 750}" in by[("ViLBERT-style", 750)][1]
     whole = by[("VSE", 6000)][0]
     assert whole.other_seeds == [] and whole.ckpt == str(tmp_path / "vse.ckpt")
     assert by[("ViLBERT-style", 6000)][0].first_stage == "VSE @ 6000"
@@ -227,15 +227,15 @@ def test_train_photo_names_are_the_vlm_fits_own_sample(tiny_world, tmp_path):
     from data_modules import FlickrDataModule
 
     reader = {"root": str(tiny_world / "flickr"), "karpathy_file": None, "captions_file": None, "image_dir": "images",
-              "num_workers": 0}
+              "loader": {"num_workers": 0}}
     config = tmp_path / "de.yaml"
     config.write_text(yaml.safe_dump({"base": str(EXPERIMENTS_DIR / "vgbert" / "baseline_flickr8k_full.yaml"),
                                       "data": {"init_args": reader}}))
     names = train_photo_names(str(config), 8)
-    dm = FlickrDataModule(**{k: v for k, v in reader.items() if k != "num_workers"}, train_subset=8)
+    dm = FlickrDataModule(**{k: v for k, v in reader.items() if k != "loader"}, subsets={"train": 8})
     dm.setup()
     assert names == [Path(p).name for p in dm.train_dataset.image_paths] and len(set(names)) == 8
-    every = FlickrDataModule(**{k: v for k, v in reader.items() if k != "num_workers"})
+    every = FlickrDataModule(**{k: v for k, v in reader.items() if k != "loader"})
     every.setup()
     assert set(names) < {Path(p).name for p in every.train_dataset.image_paths}
     composer = str(EXPERIMENTS_DIR / "composer" / "vse_flickr8k_full.yaml")

@@ -125,8 +125,8 @@ def test_search_heads_train_and_cli(tiny_world, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)
-    dm = CocoCaptionsDataModule(root=str(tiny_world / "coco"), text_encoder="tiny-random", image_size=64,
-                                resize_size=64, batch_size=8)
+    dm = CocoCaptionsDataModule(root=str(tiny_world / "coco"), text_encoder="tiny-random",
+                                transform={"image_size": 64, "resize_size": 64}, batch_size=8)
     model = SearchHeads(stage2=dict(TINY_STAGE2), feature_cache=False)
     frozen_before = {k: v.clone() for k, v in model.search.grounding.state_dict().items()}
     trainer = _trainer(tmp_path)

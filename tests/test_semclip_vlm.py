@@ -80,6 +80,7 @@ def test_vse_checkpoint_pools_its_regions(tiny_world, tmp_path, monkeypatch):
     torch.manual_seed(2)
     module = VSETraining(VSE(text_encoder="tiny-random", backbone="tiny_cnn", backbone_weights=None, image_size=64,
                              dim=24), feature_cache=False).eval()
+    # a run recorded before the DataModules' transform group: its fields flat in config.yaml, read the same
     ckpt = save_module(module, tmp_path / "vse" / "checkpoints" / "last.ckpt", "grounding.composer.vse_vilbert.VSETraining",
                        {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "image_size": 64, "resize_size": 64})
     vlm = load_vlm(f"suite:{ckpt}")

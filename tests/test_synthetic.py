@@ -509,7 +509,7 @@ def test_real_loaders_serve_no_held_out_pair_in_training(tiny_world):
     world = _world(tiny_world)
     vocab = load_vocabulary()
     patterns = [_mentions(p, vocab) for p in world["held_out_pairs"]]
-    small = dict(text_encoder="tiny-random", image_size=32, resize_size=32, batch_size=2)
+    small = dict(text_encoder="tiny-random", transform={"image_size": 32, "resize_size": 32}, batch_size=2)
     coco = CocoCaptionsDataModule(root=str(tiny_world / "coco"), **small)
     flickr = FlickrDataModule(root=str(tiny_world / "flickr"), captions_file="Flickr8k.token.txt", **small)
     for dm in (coco, flickr):

@@ -206,8 +206,8 @@ def test_cleaned_mapping_plugs_into_visual_genome_datamodule(tiny_world, tmp_pat
     assert res["predicate_map"]["left of"] == "near" and res["predicate_map"]["below"] == "under"
     split = json.loads(split_file_for(out).read_text())
     dm = VisualGenomeDataModule(root=str(vg), label_mapping=str(out), split=VGSplit(split_file=str(split_file_for(out))),
-                                filters=VGFilters(min_triplets=1), text_encoder="tiny-random", image_size=32,
-                                resize_size=32, batch_size=4)
+                                filters=VGFilters(min_triplets=1), text_encoder="tiny-random",
+                                transform={"image_size": 32, "resize_size": 32}, batch_size=4)
     assert dm.relation_labels == res["relation_labels"] and len(dm.object_classes) == 55
     batch = next(iter(dm.train_dataloader()))
     assert batch["triplet_predicate"].min() >= 0 and batch["triplet_predicate"].max() < len(res["relation_labels"])

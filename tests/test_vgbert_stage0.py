@@ -77,7 +77,7 @@ def test_object_crops_rebuilt_when_the_split_file_changes(tiny_world, tmp_path, 
 def test_image_folder_datamodule(crops):
     from data_modules import ImageFolderDataModule
 
-    dm = ImageFolderDataModule(str(crops), batch_size=4, image_size=32, resize_size=32)
+    dm = ImageFolderDataModule(str(crops), batch_size=4, transform={"image_size": 32, "resize_size": 32})
     dm.check_inputs()
     assert dm.class_names == sorted(p.name for p in (crops / "train").iterdir())
     batch = next(iter(dm.train_dataloader()))
@@ -86,7 +86,7 @@ def test_image_folder_datamodule(crops):
     first = val.image_paths[0]
     assert dm.class_names[int(val.labels[0])] == first.parent.name  # a label is its folder's class index
     assert len(dm.image_datasets()) == 3  # train, val and test, all deterministic: the feature cache holds each
-    augmented = ImageFolderDataModule(str(crops), image_size=32, augment=True)
+    augmented = ImageFolderDataModule(str(crops), transform={"image_size": 32}, augment=True)
     assert augmented.train_dataset not in augmented.image_datasets()  # random crops differ every epoch: not cached
 
 
@@ -96,7 +96,7 @@ def test_test_split_falls_back_to_val(crops, tmp_path):
     root = tmp_path / "imagenet"
     shutil.copytree(crops / "train", root / "train")
     shutil.copytree(crops / "val", root / "val")
-    dm = ImageFolderDataModule(str(root), image_size=32)
+    dm = ImageFolderDataModule(str(root), transform={"image_size": 32})
     assert dm.test_dataset is dm.val_dataset
 
 

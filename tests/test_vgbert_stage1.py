@@ -317,7 +317,7 @@ def test_fit_on_tiny_world_uses_feature_cache(tiny_world, tmp_path, monkeypatch)
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     L.seed_everything(0)
     dm = CocoCaptionsDataModule(root=str(tiny_world / "coco"), text_encoder="tiny-random", batch_size=8,
-                                image_size=64, resize_size=64)
+                                transform={"image_size": 64, "resize_size": 64})
     module = GroundingPretrain(MatchMapGrounding(**TINY))
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path)

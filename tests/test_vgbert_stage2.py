@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from data_modules.options import ImageTransform
 from grounding.nets import constructor_args, flat_args, option_groups
 from grounding.vgbert.relational import (
     BilinearRelation,
@@ -207,8 +208,8 @@ def _tiny_module(relation_labels=("on", "near"), object_classes=("a", "b", "c"),
 def _vg_datamodule(world, batch_size=8):
     from data_modules import VisualGenomeDataModule
 
-    return VisualGenomeDataModule(root=str(world / "visual_genome"), text_encoder="tiny-random", image_size=64,
-                                  resize_size=64, batch_size=batch_size)
+    return VisualGenomeDataModule(root=str(world / "visual_genome"), text_encoder="tiny-random",
+                                  transform=ImageTransform(image_size=64, resize_size=64), batch_size=batch_size)
 
 
 def _trainer(tmp_path, **kw):
@@ -276,8 +277,12 @@ def test_init_from_stage1_checkpoint(tmp_path):
 
 
 def test_table5_switches_validated():
+    from grounding.vgbert.finetune import RelationalLosses
+
     with pytest.raises(ValueError, match="enable at least one"):
-        _tiny_module(use_loss_rel=False, use_loss_obj=False, use_object_loss=False)
+        _tiny_module(losses=RelationalLosses(use_loss_rel=False, use_loss_obj=False, use_object_loss=False))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        _tiny_module(losses=RelationalLosses(temperature=0.0))
 
 
 def test_labels_must_fit_the_network():
@@ -305,10 +310,17 @@ def test_encode_words_deduplicates_exactly():
 
 
 def test_drop_loss_selects_a_table5_row():
-    m = _tiny_module(drop_loss="aux", relation_labels=["on", "near"], object_classes=["a", "b"])
-    assert (m.hparams.use_loss_rel, m.hparams.use_loss_obj, m.hparams.use_object_loss) == (True, True, False)
+    from grounding.vgbert.finetune import RelationalLosses
+
+    m = _tiny_module(losses=RelationalLosses(drop_loss="aux"), relation_labels=["on", "near"], object_classes=["a", "b"])
+    assert (m.losses.use_loss_rel, m.losses.use_loss_obj, m.losses.use_object_loss) == (True, True, False)
+    # recorded as trained, a plain mapping: the checkpoint rebuilds the same terms
+    assert m.hparams.losses == {**dataclasses.asdict(RelationalLosses(drop_loss="aux")), "use_object_loss": False}
+    # a checkpoint of before the group holds its fields flat: they move into it
+    flat = _tiny_module(drop_loss="rel", temperature=0.5, relation_labels=["on", "near"], object_classes=["a", "b"])
+    assert (flat.losses.use_loss_rel, flat.losses.temperature) == (False, 0.5)
     with pytest.raises(ValueError, match="drop_loss"):
-        _tiny_module(drop_loss="everything")
+        _tiny_module(losses=RelationalLosses(drop_loss="everything"))
 
 
 # ------------------------------------------------------------------------------ location signal (issue #3)
@@ -537,10 +549,10 @@ def test_stage2_paper_config_follows_the_official_code_and_tiny_keeps_its_layout
                     cross_attention_dropout=0.0, query_key_bias=False, count_special_tokens=True, query_pooling="mean",
                     visual_attention_dropout=0.0, visual_ffn_dropout=0.0, relation_dim=32, dropout=0.1)
     assert {k: net[k] for k in official} == official
-    assert paper["model"]["init_args"]["loss_normalisation"] == "image"
+    assert paper["model"]["init_args"]["losses"]["loss_normalisation"] == "image"
     assert paper["model"]["init_args"]["init_from"].endswith("stage1_paper/checkpoints/best.ckpt")  # item 5
     assert paper["data"]["init_args"]["split"]["validation"] == "carve"  # item 9: not the official test-split selection
     tiny = resolved_config(EXPERIMENTS_DIR / "vgbert" / "stage2_tiny.yaml")
     tnet = flat_args(VGBertRelational, tiny["model"]["init_args"]["net"]["init_args"])
     assert (tnet["shared_object_transform"], tnet["query_pooling"], tnet["relation_dropout"]) == (False, "tokens", 0.0)
-    assert tiny["model"]["init_args"]["loss_normalisation"] == "triplet"
+    assert tiny["model"]["init_args"]["losses"]["loss_normalisation"] == "triplet"

@@ -7,7 +7,8 @@
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
     python -m grounding.composer evaluate-splits --config MODEL.yaml --ckpt CKPT --splits MCD_DIR [--out DIR]
-                                                 [--rerank-top-k K] [--limit N]   # Fig. 4 (grounding/leaderboard/splits.py)
+                                                 [--rerank-top-k K] [--limit N]   # Fig. 4: runs
+                                                 # python -m grounding.leaderboard.evaluate_splits (same options)
     python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6]  # Table 6 (cost.py)
     python -m grounding.composer fit-check [--score-head image_gated] [--composition-scale G] [--seeds 0 1 2] [--steps 30]
                                            [--precision bf16-mixed]  # does COMPOSER fit 16 training images? (diagnostics.py)
@@ -25,6 +26,7 @@ import dataclasses
 import functools
 import json
 import logging
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,7 +158,8 @@ def build_argparser() -> ArgumentParser:
         ("mcd", mcd, "maximum compound divergence split + graded splits (Fig. 4)"),
         ("show", show, "print one caption's bottom-up concept tree"),
         ("check-parser", chk, "say whether a parser backend is usable here (and how to install it)"),
-        ("evaluate-splits", ev, "test a trained checkpoint on the MCD split and every graded split; table + Fig. 4"),
+        ("evaluate-splits", ev, "test a trained checkpoint on the MCD split and every graded split; table + Fig. 4 "
+                                "(runs python -m grounding.leaderboard.evaluate_splits)"),
         ("cost", cost, "Table 6: parameters per part and FLOPs per (image, caption) pair of a model config"),
         ("fit-check", fit, "init diagnostics and train text→image R@1 after a short fit on 16 generated images, per seed"),
     ]:
@@ -200,6 +203,59 @@ def _need(args, *names):
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) in (None, "")]
     if missing:
         raise UsageError(f"`{args.command}` needs {', '.join(missing)}")
+
+
+# whole-number options -> (lowest value, what they count); checked right after parsing, before anything is read
+LOWEST = {"workers": (1, "parser processes"), "k": (1, "images per split"),
+          "stride": (1, "the sliding-window stride (leave it out for k/20)"), "levels": (0, "graded splits to write"),
+          "random_baselines": (0, "random splits to compare against"),
+          "captions_per_image": (1, "candidate captions kept per image (null keeps all)"),
+          **{f"{prefix}_sample_images": (1, "images to sample") for prefix in ("captions", "train", "candidates")},
+          "seed": (0, "a random seed"),
+          **{f"{prefix}_sample_seed": (0, "a random seed") for prefix in ("captions", "train", "candidates")},
+          "regions": (1, "regions of the image"), "rerank_top_k": (1, "first-stage images each caption is composed with"),
+          "limit": (1, "images of each split to test"), "steps": (1, "training batches")}
+
+
+def check_numbers(args) -> None:
+    """Refuse a count below its lowest value (``--k 0``, ``--workers -1``) and ``--degrade`` outside [0, 1]: one
+    line naming the option, before any caption is parsed."""
+    for name, (lowest, what) in LOWEST.items():
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < lowest:
+            option = f"--{name.replace('_', '-')}"
+            raise UsageError(f"{option} {value}: expected {what}, a whole number >= {lowest}; give {option} {lowest} "
+                             "or more")
+    degrade = getattr(args, "degrade", None)
+    if isinstance(degrade, float) and not 0.0 <= degrade <= 1.0:
+        raise UsageError(f"--degrade {degrade}: expected the probability of removing each parse branch, in [0, 1] "
+                         "(Table 7: 0.1 ... 0.5); give e.g. --degrade 0.1")
+
+
+def output_folder(option: str, value: str, create: bool = True) -> Path:
+    """The folder ``option`` names, created when missing (``create``); a file in the way (the folder or one of its
+    parents) or a folder that cannot be made is one line, before any caption is parsed or model built."""
+    path = Path(value).expanduser()
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{option} {path}: {folder} is a file, not a folder; choose another {option} or move "
+                             "the file")
+    if not create:
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{option} {path} cannot be created ({e.strerror or e}); choose a writable {option}") from None
+    return path
+
+
+def output_file(option: str, value: str, example: str) -> Path:
+    """The file ``option`` names: not a folder (a file written over it would replace the folder), its parents folders."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder; give a file name (e.g. {path / example}); nothing was written")
+    output_folder(option, str(path.parent), create=False)
+    return path
 
 
 def _select(args, prefix: str):
@@ -248,6 +304,8 @@ def _cost(args) -> int:
     from .cost import APP_A_CAPTION, config_cost, format_cost, format_table6, table6_costs
 
     config, caption = _expand(args.config), args.caption or APP_A_CAPTION
+    if args.out:
+        output_file("--out", _expand(args.out), "cost.json")
     try:
         report = config_cost(config, caption, args.regions, args.backend)
         print(format_cost(report, config))
@@ -301,6 +359,10 @@ def _fit_check(args) -> int:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "evaluate-splits":
+        # runs the CLI's test loop, so it lives on the top floor (grounding/leaderboard/evaluate_splits.py): started as a
+        # process, never imported from this paper package
+        return subprocess.run([sys.executable, "-m", "grounding.leaderboard.evaluate_splits", *argv[1:]]).returncode
     try:
         args = parse_args(argv)
     except ArgumentError as e:  # unknown option or config key, bad value, unreadable config: one line
@@ -310,6 +372,7 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {' '.join(str(e).split())} ({where}see {PROG} <command> --help)", file=sys.stderr)
         return 2
     try:
+        check_numbers(args)
         if args.command == "check-parser":
             ok_any = False
             for b in [args.backend] if args.backend else BACKENDS:
@@ -319,6 +382,10 @@ def main(argv=None) -> int:
             return 0 if ok_any else 1
         if args.command == "show":
             g = ConceptGraph.load(args.graph)
+            if not 0 <= args.caption < g.n_captions:
+                raise UsageError(f"--caption {args.caption}: {args.graph} holds {g.n_captions} captions; give an index "
+                                 + (f"from 0 to {g.n_captions - 1} (a caption's row in the file `crg` read)"
+                                    if g.n_captions else "of a graph built from a non-empty caption file"))
             print(json.dumps(g.caption_tree(args.caption), indent=2, ensure_ascii=False))
             return 0
         if args.command == "stats":
@@ -331,15 +398,6 @@ def main(argv=None) -> int:
                 name = Path(_expand(args.captions)).stem
             print(format_stats(g.stats(), name))
             return 0
-        if args.command == "evaluate-splits":
-            # here, not at the top: torch and Lightning load only for this command (crg / mcd stay light); an entry
-            # point, so it may reach the top floor (the leaderboard package runs the test loops)
-            from grounding.leaderboard.splits import evaluate_splits
-
-            splits = _expand(args.splits)
-            evaluate_splits(_expand(args.config), _expand(args.ckpt), splits, _expand(args.out) or str(Path(splits) / "eval"),
-                            rerank_top_k=args.rerank_top_k, limit=args.limit)
-            return 0
         if args.command == "cost":
             return _cost(args)
         if args.command == "fit-check":
@@ -347,8 +405,8 @@ def main(argv=None) -> int:
         if args.command == "crg":
             _need(args, "captions", "out")
             t0 = time.perf_counter()
+            out = output_folder("--out", _expand(args.out))
             cs, g, report = _build(args, "captions")
-            out = Path(_expand(args.out))
             g.save(out / "crg.npz")
             _write_image_list(args, "captions", cs, out)
             stats = g.stats()
@@ -362,10 +420,10 @@ def main(argv=None) -> int:
             return 0
         if args.command == "mcd":
             _need(args, "train", "candidates", "out")
+            out = output_folder("--out", _expand(args.out))
             train_cs, train_g, _ = _build(args, "train")
             # App. B counts an image's compounds over the captions the split keeps (5 per image)
             cand_cs, cand_g, _ = _build(args, "candidates", args.captions_per_image)
-            out = Path(_expand(args.out))
             train_g.save(out / "train_crg.npz")
             cand_g.save(out / "candidates_crg.npz")
             _write_image_list(args, "train", train_cs, out)

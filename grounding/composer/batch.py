@@ -106,6 +106,56 @@ class TokenTables:
             self.concept_ids, self.concept_indptr = _csr(tokenizer(concepts, **tokenize)["input_ids"] if concepts else [])
 
 
+def _argument_nodes(graph: ConceptGraph, app: np.ndarray, app_caption: np.ndarray, node_caption: np.ndarray,
+                    node_concept: np.ndarray, node_ptr: np.ndarray) -> np.ndarray:
+    """(applications, max arity): each application's argument concepts as local nodes of its own caption (-1 pads),
+    found by one sorted search of the nodes' (caption, concept) keys."""
+    arg_pos, arg_col = _ragged_rows(graph.app_args_indptr, app)
+    arity = graph.app_args_indptr[app + 1] - graph.app_args_indptr[app]
+    arg_app = np.repeat(np.arange(len(app)), arity)
+    key_base = graph.n_concepts + 1
+    node_key = node_caption * key_base + (node_concept + 1)
+    order = np.argsort(node_key, kind="stable")
+    arg_key = app_caption[arg_app] * key_base + (graph.app_args[arg_pos].astype(np.int64) + 1)
+    found = order[np.searchsorted(node_key, arg_key, sorter=order)]
+    max_arity = int(arity.max()) if len(app) else 0
+    app_args = np.full((len(app), max_arity), -1, dtype=np.int64)
+    app_args[arg_app, arg_col] = found - node_ptr[app_caption[arg_app]]
+    return app_args
+
+
+def _caption_height_ptr(app_caption: np.ndarray, app_height: np.ndarray, n_app: np.ndarray, n_cap: int) -> np.ndarray:
+    """(captions, top height + 2): per caption, where each height's applications start (apps are caption-major,
+    height-sorted within a caption): a pair whose caption the device chooses (a hard negative) finds its height-h
+    applications here."""
+    top = int(app_height.max()) if len(app_height) else 0
+    caption_height_ptr = np.zeros((n_cap, top + 2), dtype=np.int64)
+    np.add.at(caption_height_ptr, (app_caption, app_height + 1), 1)
+    caption_height_ptr[:, 0] = np.concatenate([[0], np.cumsum(n_app)[:-1]]) if n_cap else 0
+    return np.cumsum(caption_height_ptr, axis=1)
+
+
+def _concept_rows(tables: TokenTables, node_concept: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each node's row among the batch's distinct concepts (-1: a fallback node, no concept), and those concepts'
+    word pieces with their mask: a concept's text is embedded once however many nodes hold it."""
+    has_text = node_concept >= 0
+    concepts, row = np.unique(node_concept[has_text], return_inverse=True)
+    node_row = np.full(len(node_concept), -1, dtype=np.int64)
+    node_row[has_text] = row.reshape(-1)
+    concept_ids, concept_mask = _pad(tables.concept_ids, tables.concept_indptr, concepts)
+    return torch.from_numpy(node_row), concept_ids, concept_mask
+
+
+def _host_copies(out: dict) -> dict[str, np.ndarray]:
+    """The host's own copies of the batch's optional index arrays: a DataLoader worker moves the batch's tensors to
+    shared memory, freeing what a view of them would read."""
+    owned = {k: out[k].numpy().copy() for k in ("node_concept_row", "phrase_node") if k in out}
+    for k, mask in (("concept_length", "concept_mask"), ("caption_length", "caption_mask")):
+        if mask in out:
+            owned[k] = out[mask].sum(1).numpy().copy()
+    return owned
+
+
 def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase_seed: int | None = None) -> dict:
     """Everything COMPOSER needs to compose ``captions`` (graph caption ids) with any images.
 
@@ -151,18 +201,7 @@ def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase
     node_height[node_ptr[app_caption] + app_local] = app_height
     node_caption = np.repeat(np.arange(n_cap), n_node)
 
-    # argument concepts -> local node of the same caption
-    arg_pos, arg_col = _ragged_rows(graph.app_args_indptr, app)
-    arity = graph.app_args_indptr[app + 1] - graph.app_args_indptr[app]
-    arg_app = np.repeat(np.arange(len(app)), arity)
-    key_base = graph.n_concepts + 1
-    node_key = node_caption * key_base + (node_concept + 1)
-    order = np.argsort(node_key, kind="stable")
-    arg_key = app_caption[arg_app] * key_base + (graph.app_args[arg_pos].astype(np.int64) + 1)
-    found = order[np.searchsorted(node_key, arg_key, sorter=order)]
-    max_arity = int(arity.max()) if len(app) else 0
-    app_args = np.full((len(app), max_arity), -1, dtype=np.int64)
-    app_args[arg_app, arg_col] = found - node_ptr[app_caption[arg_app]]
+    app_args = _argument_nodes(graph, app, app_caption, node_caption, node_concept, node_ptr)
 
     # predicates of the batch, each tokenized once (the PT is image-independent)
     predicates, app_pred = np.unique(graph.app_predicate[app].astype(np.int64), return_inverse=True)
@@ -176,13 +215,7 @@ def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase
     is_root[node_ptr[:-1][~ok]] = True
     root_local = np.flatnonzero(is_root) - node_ptr[node_caption[is_root]]
 
-    # per caption, where each height's applications start (apps are caption-major, height-sorted within a caption):
-    # a pair whose caption the device chooses (a hard negative) finds its height-h applications here
-    top = int(app_height.max()) if len(app_height) else 0
-    caption_height_ptr = np.zeros((n_cap, top + 2), dtype=np.int64)
-    np.add.at(caption_height_ptr, (app_caption, app_height + 1), 1)
-    caption_height_ptr[:, 0] = np.concatenate([[0], np.cumsum(n_app)[:-1]]) if n_cap else 0
-    caption_height_ptr = np.cumsum(caption_height_ptr, axis=1)
+    caption_height_ptr = _caption_height_ptr(app_caption, app_height, n_app, n_cap)
     prim_ptr = np.zeros(n_cap + 1, dtype=np.int64)
     np.cumsum(n_prim, out=prim_ptr[1:])
 
@@ -200,23 +233,13 @@ def composition_batch(graph: ConceptGraph, tables: TokenTables, captions, phrase
     if tables.caption_ids is not None:  # the whole captions' word pieces (the VSE baseline's text side)
         out["caption_ids"], out["caption_mask"] = _pad(tables.caption_ids, tables.caption_indptr, captions)
     if tables.concept_ids is not None:  # every node's concept text, once per distinct concept (ViLBERT + MVSA)
-        has_text = node_concept >= 0
-        concepts, row = np.unique(node_concept[has_text], return_inverse=True)
-        node_row = np.full(len(node_concept), -1, dtype=np.int64)
-        node_row[has_text] = row.reshape(-1)
-        out["node_concept_row"] = t(node_row)
-        out["concept_ids"], out["concept_mask"] = _pad(tables.concept_ids, tables.concept_indptr, concepts)
+        out["node_concept_row"], out["concept_ids"], out["concept_mask"] = _concept_rows(tables, node_concept)
     if phrase_seed is not None:
         out.update(_phrase_queries(graph, node_concept, node_caption, node_ptr, captions, is_root, phrase_seed))
         if tables.concept_ids is not None:  # the phrase queries' own word pieces (VSE's phrase retrieval)
             phrase_concepts = node_concept[out["phrase_node"].numpy()]
             out["phrase_ids"], out["phrase_mask"] = _pad(tables.concept_ids, tables.concept_indptr, phrase_concepts)
-    # the host's own copies: a DataLoader worker moves the batch's tensors to shared memory, freeing what a view of
-    # them would read
-    owned = {k: out[k].numpy().copy() for k in ("node_concept_row", "phrase_node") if k in out}
-    for k, mask in (("concept_length", "concept_mask"), ("caption_length", "caption_mask")):
-        if mask in out:
-            owned[k] = out[mask].sum(1).numpy().copy()
+    owned = _host_copies(out)
     out["host"] = CaptionIndex(
         node_ptr=node_ptr, node_height=node_height, caption_root=root_local, prim_ptr=prim_ptr, prim_local=prim_local,
         prim_unique=prim_unique.reshape(-1), n_primitives=len(primitives), app_caption=app_caption, app_local=app_local,

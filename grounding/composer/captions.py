@@ -197,7 +197,9 @@ def read_captions(path: str | Path, splits: Sequence[str] | None = None,
     images named (one a line) in ``images_list`` (e.g. ``Flickr_8k.trainImages.txt``)."""
     path = Path(path)
     if not path.is_file():
-        raise CaptionFileError(f"caption file {path} does not exist")
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise CaptionFileError(f"caption file {path} {what}; give a Flickr token file, a Karpathy JSON or a COCO "
+                               "captions JSON (e.g. data/world/flickr/Flickr8k.token.txt)")
     # any non-JSON file is a Flickr token file here (a malformed line is an error, not a plain-text caption)
     rec = read_caption_file(path, CaptionFileError, plain_text=False, karpathy_keys=KARPATHY_REQUIRED)
     cs = _SETS[rec.format](rec)
@@ -207,7 +209,9 @@ def read_captions(path: str | Path, splits: Sequence[str] | None = None,
         names = []
         for lst in lists:
             if not Path(lst).is_file():
-                raise CaptionFileError(f"image list {lst} does not exist (expected one image file name a line)")
+                what = "is a folder, not a file" if Path(lst).is_dir() else "does not exist"
+                raise CaptionFileError(f"image list {lst} {what} (expected a file of image file names, one a line, "
+                                       "e.g. Flickr_8k.trainImages.txt)")
             text = read_text(lst, CaptionFileError, expected="UTF-8 text, one image file name a line")
             names += [ln.strip() for ln in text.splitlines() if ln.strip()]
         cs = cs.filter_images(names)

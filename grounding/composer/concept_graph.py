@@ -11,13 +11,15 @@ string tables) in one ``.npz`` so a Flickr30K-scale graph loads in well under a 
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from grounding.errors import MissingInputError
+from grounding.errors import MissingInputError, UserInputError
 from grounding.utils.io import atomic_path
 
 from .crg_extraction import CaptionCRG
@@ -77,6 +79,10 @@ class LevelBatch:
     result: np.ndarray         # (A,) concept ids
     args_indptr: np.ndarray    # (A+1,) CSR into ``args``
     args: np.ndarray           # argument concept ids in template order
+
+
+class GraphFileError(UserInputError, ValueError):
+    """A concept graph file (``crg.npz``) that is a folder, truncated, not an ``.npz`` or of another format."""
 
 
 class ConceptGraph:
@@ -199,15 +205,28 @@ class ConceptGraph:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ConceptGraph":
         path = Path(path)
+        if path.is_dir():
+            inside = f" (it holds {path / 'crg.npz'}: give that)" if (path / "crg.npz").is_file() else ""
+            raise GraphFileError(f"concept graph {path} is a folder, not a crg.npz file{inside}; build one with "
+                                 "`python -m grounding.composer crg --captions FILE --out DIR`")
         if not path.is_file():
             raise MissingInputError(f"concept graph {path} does not exist; build it with `python -m grounding.composer crg`")
-        with np.load(path, allow_pickle=False) as z:
-            if "format_version" not in z or int(z["format_version"]) != FORMAT_VERSION:
-                raise ValueError(f"{path} is not a concept graph of format {FORMAT_VERSION}; rebuild it with "
-                                 "`python -m grounding.composer crg`")
-            arrays = {k: z[k] for k in cls.ARRAYS}
-            for t in cls.TABLES:
-                arrays[t] = StringTable(z[f"{t}__data"], z[f"{t}__offsets"])
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if "format_version" not in z or int(z["format_version"]) != FORMAT_VERSION:
+                    raise GraphFileError(f"{path} is not a concept graph of format {FORMAT_VERSION}; rebuild it with "
+                                         "`python -m grounding.composer crg`")
+                arrays = {k: z[k] for k in cls.ARRAYS}
+                for t in cls.TABLES:
+                    arrays[t] = StringTable(z[f"{t}__data"], z[f"{t}__offsets"])
+        except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError, ValueError) as e:
+            if isinstance(e, GraphFileError):
+                raise
+            # np.load reads a file that is no zip (or a truncated one, a missing array) as one of these
+            why = (f"it lacks the array {e}" if isinstance(e, KeyError)
+                   else f"not a whole .npz archive: truncated, or another kind of file; {type(e).__name__}")
+            raise GraphFileError(f"concept graph {path} cannot be read ({why}): expected the crg.npz that "
+                                 "`python -m grounding.composer crg` writes, whole; rebuild it with that command") from None
         return cls(**arrays)
 
     # ------------------------------------------------------------------ queries

@@ -4,11 +4,11 @@
 embedded world) reads the splits and their images; this module parses every split's captions into a
 CRG (cached parses, :func:`grounding.composer.build_concept_graph`), tokenizes templates and primitives
 once, and batches captions as :func:`grounding.composer.batch.composition_batch` structures. Its own
-text_encoder / image_size / mean / std (linked from the network) replace the reader's.
+text_encoder and transform (image_size / mean / std, linked from the network) replace the reader's.
 
-Training items are an image with one of its decomposed captions: ``captions_per_epoch: all`` (the paper's epochs)
-visits every decomposed caption once an epoch, in rounds that hold each image at most once (so a batch rarely
-holds two captions of one image); ``one`` draws one caption per image (seeded per epoch). Evaluation gives
+Training items are an image with one of its decomposed captions: ``loader: {captions_per_epoch: all}`` (the paper's
+epochs) visits every decomposed caption once an epoch, in rounds that hold each image at most once (so a batch
+rarely holds two captions of one image); ``one`` draws one caption per image (seeded per epoch). Evaluation gives
 two loaders — the split's images, then its captions in batches — so the model can compose every
 caption with every image (the paper's exhaustive protocol).
 """
@@ -26,11 +26,11 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from data_modules.base import CaptionDataModule, GroundingDataModule
-from data_modules.captions import CAPTIONS_PER_EPOCH, CaptionDataset, CaptionRoundsSampler, EpochSampler, ResumableLoader
+from data_modules.captions import CaptionDataset, CaptionRoundsSampler, EpochSampler, ResumableLoader
 from data_modules.file_checks import MalformedDataError, MissingDataError
 from data_modules.formats import load_json
+from data_modules.options import CaptionLoaderOptions, ImageTransform
 from data_modules.regions import BoxStore, RegionStore
-from grounding.encoders import IMAGENET_MEAN, IMAGENET_STD
 from grounding.paths import resolve_path
 
 from .batch import TokenTables, composition_batch
@@ -222,8 +222,10 @@ class ComposerDataModule(GroundingDataModule):
     ``parsing``: the parser and Table 7's degradation (:class:`CRGParsing`). ``world_meta``: the embedded world's
     ``world.json``; its held-out attribute–object pairs mark the compositional test captions. ``phrase_seed``: draws
     Table 5's phrase queries (null: none). ``region_inputs``: detector region files or object boxes
-    (:class:`RegionInputs`). ``captions_per_epoch``: ``all`` (every decomposed caption once an epoch, as the paper
-    trains) or ``one`` (one seeded caption per image an epoch: 5x fewer steps). ``hard_negatives`` (linked from the
+    (:class:`RegionInputs`). ``loader`` (:class:`~data_modules.options.CaptionLoaderOptions`, ``drop_last`` on):
+    ``captions_per_epoch`` ``all`` (every decomposed caption once an epoch, as the paper trains) or ``one`` (one seeded
+    caption per image an epoch: 5x fewer steps). ``transform``: the images' sizes and normalisation, linked from the
+    network (they replace the reader's). ``hard_negatives`` (linked from the
     model's): ``pool`` adds to every training batch a caption of one of each positive image's nearest training images
     (:class:`HardNegativePool`).
     """
@@ -235,13 +237,12 @@ class ComposerDataModule(GroundingDataModule):
     def __init__(self, captions: CaptionDataModule, parsing: CRGParsing = CRGParsing(), world_meta: str | None = None,
                  phrase_seed: int | None = 0, region_inputs: RegionInputs = RegionInputs(),
                  hard_negatives: str = "batch", hard_negative_pool: HardNegativePool = HardNegativePool(),
-                 captions_per_epoch: str = "all", text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
-                 eval_batch_size: int | None = None, caption_batch_size: int = 64, num_workers: int = 0,
-                 image_size: int = 224, resize_size: int = 256, mean: tuple[float, float, float] = IMAGENET_MEAN,
-                 std: tuple[float, float, float] = IMAGENET_STD, seed: int = 0, pin_memory: bool = False,
-                 drop_last: bool = True):
-        super().__init__(captions.root, text_encoder, max_length, batch_size, eval_batch_size, num_workers, image_size,
-                         resize_size, mean, std, seed, pin_memory, drop_last)
+                 text_encoder: str = "minilm", max_length: int = 32, batch_size: int = 64,
+                 eval_batch_size: int | None = None, caption_batch_size: int = 64,
+                 transform: ImageTransform = ImageTransform(),
+                 loader: CaptionLoaderOptions = CaptionLoaderOptions(drop_last=True, captions_per_epoch="all"),
+                 seed: int = 0):
+        super().__init__(captions.root, text_encoder, max_length, batch_size, eval_batch_size, transform, loader, seed)
         self.captions = captions
         self.backend, self.parse_workers, self.degrade = parsing.backend, parsing.parse_workers, parsing.degrade
         self.world_meta, self.phrase_seed = world_meta, phrase_seed
@@ -252,9 +253,7 @@ class ComposerDataModule(GroundingDataModule):
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
         self.hard_negatives, self.hard_negative_pool_size = hard_negatives, hard_negative_pool.pool_size
         self.hard_negative_embeddings = hard_negative_pool.embeddings
-        if captions_per_epoch not in CAPTIONS_PER_EPOCH:
-            raise ValueError(f"captions_per_epoch must be one of {CAPTIONS_PER_EPOCH}; got {captions_per_epoch!r}")
-        self.captions_per_epoch = captions_per_epoch
+        self.captions_per_epoch = loader.captions_per_epoch
         self.regions: RegionStore | None = None
         self.graphs: dict[str, SplitGraph] = {}
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from data_modules import FlickrDataModule
+from data_modules.options import CaptionLoaderOptions, ImageTransform
 from data_modules.synthetic import generate_world
 from grounding.lightning import scale_group_lrs
 from grounding.retrieval_metrics import retrieval_metrics
@@ -49,9 +50,9 @@ def fit_world(out: str | Path, n_images: int = 16, seed: int = 0, image_size: in
                    split_fractions=(n_images / total, 2 / total, 2 / total))
     captions = FlickrDataModule(root=str(Path(out) / "flickr"))
     dm = ComposerDataModule(captions, parsing=CRGParsing(backend="spacy"), batch_size=batch_size, eval_batch_size=n_images,
-                            caption_batch_size=n_images * 5, image_size=image_size, resize_size=image_size,
+                            caption_batch_size=n_images * 5, transform=ImageTransform(image_size, image_size),
                             text_encoder=text_encoder, seed=seed, hard_negatives=hard_negatives,
-                            captions_per_epoch=captions_per_epoch)
+                            loader=CaptionLoaderOptions(drop_last=True, captions_per_epoch=captions_per_epoch))
     dm.setup("fit")
     return dm
 

@@ -131,162 +131,184 @@ def dependency_to_constituency(doc) -> Tree:
     Non-projective arcs are lifted first so every constituent is a contiguous span. Leaves carry
     the tagger's fine-grained Penn tags; whitespace tokens are dropped.
     """
-    tokens = [t for t in doc if not t.is_space]
-    pos_of = {t.i: k for k, t in enumerate(tokens)}
-    heads = _projective_heads([-1 if t.head.i == t.i or t.head.i not in pos_of else pos_of[t.head.i] for t in tokens])
-    kids_of: list[list[int]] = [[] for _ in tokens]
-    for d, h in enumerate(heads):
-        if h >= 0:
-            kids_of[h].append(d)
-    left_edge, right_edge = list(range(len(tokens))), list(range(len(tokens)))
-    for d in sorted(range(len(tokens)), key=lambda d: -_depth(heads, d)):  # propagate the span's ends upwards
-        if heads[d] >= 0:
-            left_edge[heads[d]] = min(left_edge[heads[d]], left_edge[d])
-            right_edge[heads[d]] = max(right_edge[heads[d]], right_edge[d])
-    tok, dep, pos, tag = tokens, [t.dep_ for t in tokens], [t.pos_ for t in tokens], [t.tag_ for t in tokens]
+    return _DependencyTree(doc).constituency_tree()
 
-    def leaf(k: int) -> Tree:
-        return Tree(tag[k] or "XX", [_escape(tok[k].text)])
 
-    def sub(ks) -> list[Tree]:
-        return [x for c in sorted(ks) for x in build(c)]
+def _wh_tree(t: Tree) -> Tree:
+    """A clause's fronted phrase relabelled as Penn's wh-phrase (WHNP, WHADVP, WHPP), its NP / ADVP parts too."""
+    if _is_preterminal_tree(t):
+        return Tree("WHADVP" if t.label() == "WRB" else "WHNP", [t])
+    kids = [_wh_tree(c) if not _is_preterminal_tree(c) and c.label() in ("NP", "ADVP") else c for c in t]
+    return Tree(_WH_LABELS.get(t.label(), t.label()), kids)
 
-    def list_appos(m: int, c: int) -> bool:
+
+class _DependencyTree:
+    """A spaCy parse made projective, with each token's dependents and the ends of its span. The methods are the
+    conversion rules of :func:`dependency_to_constituency`, one per kind of phrase; they recurse into each other."""
+
+    def __init__(self, doc):
+        tokens = [t for t in doc if not t.is_space]
+        pos_of = {t.i: k for k, t in enumerate(tokens)}
+        heads = _projective_heads([-1 if t.head.i == t.i or t.head.i not in pos_of else pos_of[t.head.i] for t in tokens])
+        kids_of: list[list[int]] = [[] for _ in tokens]
+        for d, h in enumerate(heads):
+            if h >= 0:
+                kids_of[h].append(d)
+        left_edge, right_edge = list(range(len(tokens))), list(range(len(tokens)))
+        for d in sorted(range(len(tokens)), key=lambda d: -_depth(heads, d)):  # propagate the span's ends upwards
+            if heads[d] >= 0:
+                left_edge[heads[d]] = min(left_edge[heads[d]], left_edge[d])
+                right_edge[heads[d]] = max(right_edge[heads[d]], right_edge[d])
+        self.tok, self.dep, self.pos, self.tag = tokens, [t.dep_ for t in tokens], [t.pos_ for t in tokens], \
+            [t.tag_ for t in tokens]
+        self.heads, self.kids_of, self.left_edge, self.right_edge = heads, kids_of, left_edge, right_edge
+
+    def constituency_tree(self) -> Tree:
+        """The whole caption: its roots' phrases under one S (a lone VP too), every word a leaf in order."""
+        roots = [k for k, h in enumerate(self.heads) if h < 0]
+        parts = self.sub(roots)
+        tree = parts[0] if len(parts) == 1 and not _is_preterminal_tree(parts[0]) else Tree("S", parts)
+        if tree.label() == "VP":
+            tree = Tree("S", [tree])
+        if tree.leaves() != [_escape(t.text) for t in self.tok]:  # cannot happen after lifting; guard anyway
+            tree = Tree("S", [self.leaf(k) for k in range(len(self.tok))])
+        return tree
+
+    def leaf(self, k: int) -> Tree:
+        """Token k as a preterminal: its Penn tag over its (bracket-escaped) word."""
+        return Tree(self.tag[k] or "XX", [_escape(self.tok[k].text)])
+
+    def sub(self, ks) -> list[Tree]:
+        """The phrases of tokens ``ks``, in word order."""
+        return [x for c in sorted(ks) for x in self.build(c)]
+
+    def list_appos(self, m: int, c: int) -> bool:
         # "a dog, a cat and a bird": spaCy's appos + conj is a list when the first item is singular
         # ("two dogs, a pitbull and a labrador" stays an apposition).
-        return (dep[c] == "appos" and c > m and pos[m] in _NOMINAL and tag[m] not in _PLURAL_TAGS
-                and any(dep[g] == "conj" and g > c for g in kids_of[c]))
+        return (self.dep[c] == "appos" and c > m and self.pos[m] in _NOMINAL and self.tag[m] not in _PLURAL_TAGS
+                and any(self.dep[g] == "conj" and g > c for g in self.kids_of[c]))
 
-    def conjuncts(k: int) -> list[int]:
+    def conjuncts(self, k: int) -> list[int]:
         """k and every conjunct below it (chains A -> B -> C and flat A -> B, A -> C alike)."""
         members, stack = [k], [k]
         while stack:
             m = stack.pop()
-            nxt = [c for c in kids_of[m] if c > m and (dep[c] == "conj" or list_appos(m, c))]
+            nxt = [c for c in self.kids_of[m] if c > m and (self.dep[c] == "conj" or self.list_appos(m, c))]
             members += nxt
             stack += nxt
         return sorted(members)
 
-    def build(k: int) -> list[Tree]:
-        members = conjuncts(k)
-        return phrase(k, kids_of[k]) if len(members) == 1 else coordination(members)
+    def build(self, k: int) -> list[Tree]:
+        """Token k's phrase, or the one coordination phrase of k and its conjuncts."""
+        members = self.conjuncts(k)
+        return self.phrase(k, self.kids_of[k]) if len(members) == 1 else self.coordination(members)
 
-    def coordination(members: list[int]) -> list[Tree]:
+    def coordination(self, members: list[int]) -> list[Tree]:
+        """Conjuncts as siblings of one flat phrase, their joiners between them (verbs sharing a subject: VPs in one S)."""
         member_set = set(members)
         own: dict[int, list[int]] = {}
         loose: list[int] = []  # joiners and modifiers shared by the conjuncts: children of the coordination phrase
         for i, m in enumerate(members):
-            bound = left_edge[members[i + 1]] if i + 1 < len(members) else len(tok)
-            mine = [c for c in kids_of[m] if c not in member_set and c < bound]
-            loose += [c for c in kids_of[m] if c not in member_set and c >= bound]
-            while i + 1 < len(members) and mine and mine[-1] > m and dep[mine[-1]] in _COORD_JOINERS and not kids_of[mine[-1]]:
+            bound = self.left_edge[members[i + 1]] if i + 1 < len(members) else len(self.tok)
+            mine = [c for c in self.kids_of[m] if c not in member_set and c < bound]
+            loose += [c for c in self.kids_of[m] if c not in member_set and c >= bound]
+            while i + 1 < len(members) and mine and mine[-1] > m and self.dep[mine[-1]] in _COORD_JOINERS and not self.kids_of[mine[-1]]:
                 loose.append(mine.pop())  # ", and" between this conjunct and the next
-            while i > 0 and mine and mine[0] < m and dep[mine[0]] in _COORD_JOINERS and not kids_of[mine[0]]:
+            while i > 0 and mine and mine[0] < m and self.dep[mine[0]] in _COORD_JOINERS and not self.kids_of[mine[0]]:
                 loose.append(mine.pop(0))  # a joiner attached to the conjunct it precedes
             own[m] = mine
         first, rest = members[0], members[1:]
-        if pos[first] in _VERBAL and subject(first, own[first]) and all(
-                pos[m] in _VERBAL and not subject(m, own[m]) for m in rest):
+        if self.pos[first] in _VERBAL and self.subject(first, own[first]) and all(
+                self.pos[m] in _VERBAL and not self.subject(m, own[m]) for m in rest):
             # verbs sharing the first verb's subject: VP coordination inside one S (Penn)
-            parts = sorted([(min(own[m] + [m]), phrase(m, own[m])) for m in rest] + [(c, build(c)) for c in loose],
+            parts = sorted([(min(own[m] + [m]), self.phrase(m, own[m])) for m in rest] + [(c, self.build(c)) for c in loose],
                            key=lambda p: p[0])
-            return clause(first, own[first], [t for _, ts in parts for t in ts])
-        trees = {m: phrase(m, own[m]) for m in members}
-        parts = sorted([(min(own[m] + [m]), trees[m]) for m in members] + [(c, build(c)) for c in loose], key=lambda p: p[0])
+            return self.clause(first, own[first], [t for _, ts in parts for t in ts])
+        trees = {m: self.phrase(m, own[m]) for m in members}
+        parts = sorted([(min(own[m] + [m]), trees[m]) for m in members] + [(c, self.build(c)) for c in loose], key=lambda p: p[0])
         head = trees[first]
-        label = head[0].label() if len(head) == 1 and not _is_preterminal_tree(head[0]) else _label(pos[first])
+        label = head[0].label() if len(head) == 1 and not _is_preterminal_tree(head[0]) else _label(self.pos[first])
         return [Tree(label, [t for _, ts in parts for t in ts])]
 
-    def subject(k: int, kids: list[int]) -> list[int]:
-        return [c for c in kids if c < k and dep[c] in _SUBJECT_DEPS]
+    def subject(self, k: int, kids: list[int]) -> list[int]:
+        """The subjects among ``kids`` to the left of verb k."""
+        return [c for c in kids if c < k and self.dep[c] in _SUBJECT_DEPS]
 
-    def wh_phrase(k: int, left: list[int]) -> int | None:
+    def wh_phrase(self, k: int, left: list[int]) -> int | None:
         """The fronted wh-word (or "to which" PP) of a subordinate clause headed by k, if any."""
-        if heads[k] < 0 or not left:
+        if self.heads[k] < 0 or not left:
             return None
         c = min(left)
-        first = left_edge[c]
-        if tag[first] in _WH_TAGS:
+        first = self.left_edge[c]
+        if self.tag[first] in _WH_TAGS:
             return c
-        if tag[c] in ("IN", "TO") and first == c and c + 1 < len(tok) and tag[c + 1] in _WH_TAGS:  # "to which"
+        if self.tag[c] in ("IN", "TO") and first == c and c + 1 < len(self.tok) and self.tag[c + 1] in _WH_TAGS:  # "to which"
             return c
-        if dep[k] == "relcl" and tok[first].lower_ == "that" and first == c and not kids_of[c]:
+        if self.dep[k] == "relcl" and self.tok[first].lower_ == "that" and first == c and not self.kids_of[c]:
             return c  # relativiser "that" tagged DT/IN
         return None
 
-    def wh_tree(t: Tree) -> Tree:
-        if _is_preterminal_tree(t):
-            return Tree("WHADVP" if t.label() == "WRB" else "WHNP", [t])
-        kids = [wh_tree(c) if not _is_preterminal_tree(c) and c.label() in ("NP", "ADVP") else c for c in t]
-        return Tree(_WH_LABELS.get(t.label(), t.label()), kids)
-
-    def stranded_np(k: int, left: list[int]) -> list[int]:
+    def stranded_np(self, k: int, left: list[int]) -> list[int]:
         """Noun modifiers the parser hung on a verb ("a [brown dog] playing", "[little girl] swimming"
         with the noun as the verb's ``compound``): the run of them right before the verb, if it has a noun."""
         run, end = [], k - 1
         for c in sorted(left, reverse=True):
-            if dep[c] not in _NOUN_PREMODS or right_edge[c] != end:
+            if self.dep[c] not in _NOUN_PREMODS or self.right_edge[c] != end:
                 break
             run.insert(0, c)
-            end = left_edge[c] - 1
-        return run if any(pos[c] in _NOMINAL and dep[c] != "det" for c in run) else []
+            end = self.left_edge[c] - 1
+        return run if any(self.pos[c] in _NOMINAL and self.dep[c] != "det" for c in run) else []
 
-    def clause(k: int, kids: list[int], coordinated: list[Tree] | None = None) -> list[Tree]:
+    def clause(self, k: int, kids: list[int], coordinated: list[Tree] | None = None) -> list[Tree]:
+        """Verb k's VP: inside S with its subject, inside SBAR behind its wh-phrase or marker (relative and subordinate
+        clauses), or a caption-style NP over a stranded noun phrase; ``coordinated``: VPs sharing its subject."""
         left = [c for c in kids if c < k]
         right = [c for c in kids if c > k]
-        marks = [c for c in left if dep[c] in _CLAUSE_MARKERS]
-        wh = wh_phrase(k, [c for c in left if c not in marks])
+        marks = [c for c in left if self.dep[c] in _CLAUSE_MARKERS]
+        wh = self.wh_phrase(k, [c for c in left if c not in marks])
         intro = sorted(marks + ([wh] if wh is not None else []))
         lead = [c for c in left if intro and c < intro[0]]  # words before "while"/"that" stay outside its S
         body = [c for c in left if c not in intro and c not in lead]
-        run = stranded_np(k, body)
+        run = self.stranded_np(k, body)
         body = [c for c in body if c not in run]
-        np = [Tree("NP", _splice_np(sub(run)))] if run else []
-        subj = subject(k, body)
+        np = [Tree("NP", _splice_np(self.sub(run)))] if run else []
+        subj = self.subject(k, body)
         if subj:  # the stranded NP (if any) is inside the VP, next to its verb
             vp_left = [c for c in body if c > max(subj)]
-            vp = Tree("VP", sub(vp_left) + np + [leaf(k)] + sub(right))
-            pre = sub([c for c in body if c not in vp_left])
+            vp = Tree("VP", self.sub(vp_left) + np + [self.leaf(k)] + self.sub(right))
+            pre = self.sub([c for c in body if c not in vp_left])
         else:  # the stranded NP stands where the subject would
-            vp = Tree("VP", ([] if run else sub(body)) + [leaf(k)] + sub(right))
-            pre = sub(body) + np if run else []
+            vp = Tree("VP", ([] if run else self.sub(body)) + [self.leaf(k)] + self.sub(right))
+            pre = self.sub(body) + np if run else []
         if coordinated:
             vp = Tree("VP", [vp] + coordinated)
-        if not (intro or dep[k] == "relcl"):
-            if subj or run and tag[k] in _FINITE_TAGS:
+        if not (intro or self.dep[k] == "relcl"):
+            if subj or run and self.tag[k] in _FINITE_TAGS:
                 return [Tree("S", pre + [vp])]
             return [Tree("NP", pre + [vp])] if run else [vp]  # caption-style "(NP (NP little girl) (VP swimming ..))"
         # §2 / App. A: SBAR -> (WH-phrase | IN) S, the S kept even without an overt subject
-        opening = [t for c in intro for t in ([wh_tree(x) for x in build(c)] if c == wh else build(c))]
-        return [Tree("SBAR", sub(lead) + opening + [Tree("S", pre + [vp])])]
+        opening = [t for c in intro for t in ([_wh_tree(x) for x in self.build(c)] if c == wh else self.build(c))]
+        return [Tree("SBAR", self.sub(lead) + opening + [Tree("S", pre + [vp])])]
 
-    def phrase(k: int, kids: list[int]) -> list[Tree]:
-        p = pos[k]
+    def phrase(self, k: int, kids: list[int]) -> list[Tree]:
+        """Token k with dependents ``kids`` as the phrase its part of speech heads (NP, a clause, PP, ADJP, ..)."""
+        p = self.pos[k]
         left = [c for c in kids if c < k]
         right = [c for c in kids if c > k]
-        if not kids and (dep[k] in _LEAF_DEPS or p == "NUM" and dep[k] in ("nummod", "quantmod")):
-            return [leaf(k)]  # modifiers ("two", "entry" in "entry way") and auxiliaries stay bare
+        if not kids and (self.dep[k] in _LEAF_DEPS or p == "NUM" and self.dep[k] in ("nummod", "quantmod")):
+            return [self.leaf(k)]  # modifiers ("two", "entry" in "entry way") and auxiliaries stay bare
         if p in _NOMINAL:
             # Everything from the first post-modifier on attaches to the outer NP, keeping word order.
-            first_post = min((c for c in right if dep[c] in _NOUN_POSTMODS), default=len(tok) + 1)
-            pre = [t for c in left for t in (_splice_np(build(c)) if dep[c] == "compound" else build(c))]
-            inner = Tree("NP", pre + [leaf(k)] + sub([c for c in right if c < first_post]))
+            first_post = min((c for c in right if self.dep[c] in _NOUN_POSTMODS), default=len(self.tok) + 1)
+            pre = [t for c in left for t in (_splice_np(self.build(c)) if self.dep[c] == "compound" else self.build(c))]
+            inner = Tree("NP", pre + [self.leaf(k)] + self.sub([c for c in right if c < first_post]))
             post = [c for c in right if c >= first_post]
-            return [Tree("NP", [inner] + sub(post))] if post else [inner]
+            return [Tree("NP", [inner] + self.sub(post))] if post else [inner]
         if p in _VERBAL:
-            return clause(k, kids)
+            return self.clause(k, kids)
         if not kids:
-            return [leaf(k)]
-        return [Tree(_PHRASE_LABELS.get(p, "FRAG"), sub(left) + [leaf(k)] + sub(right))]
-
-    roots = [k for k, h in enumerate(heads) if h < 0]
-    parts = sub(roots)
-    tree = parts[0] if len(parts) == 1 and not _is_preterminal_tree(parts[0]) else Tree("S", parts)
-    if tree.label() == "VP":
-        tree = Tree("S", [tree])
-    if tree.leaves() != [_escape(t.text) for t in tok]:  # cannot happen after lifting; guard anyway
-        tree = Tree("S", [leaf(k) for k in range(len(tok))])
-    return tree
+            return [self.leaf(k)]
+        return [Tree(_PHRASE_LABELS.get(p, "FRAG"), self.sub(left) + [self.leaf(k)] + self.sub(right))]
 
 
 def _splice_np(trees: list) -> list:

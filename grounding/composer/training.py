@@ -21,6 +21,7 @@ from lightning.pytorch import Callback
 from grounding import distributed as gdist
 from grounding.host_sync import host_numpy
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
+from grounding.nets import check_choices
 from grounding.paths import resolve_path
 from grounding.retrieval_metrics import RetrievalScores, load_first_stage, retrieval_metrics
 
@@ -29,7 +30,7 @@ from .diagnostics import train_recall
 from .evaluation import composer_metrics, phrase_hits, primitive_first_stage, score_captions
 from .hard_negatives import HARD_NEGATIVE_MODES
 from .model import Composer
-from .objectives import MVSA_LOSSES, match_nll, mvsa_loss, order_loss
+from .objectives import MVSA_LOSSES, REDUCTIONS, match_nll, mvsa_loss, order_loss
 
 HARD_NEGATIVES = HARD_NEGATIVE_MODES  # batch | random | pool
 
@@ -208,34 +209,50 @@ class TrainRecall(Callback):
             pl_module.log(f"train/{key}", metrics[key], rank_zero_only=True, sync_dist=False)
 
 
-class ComposerTraining(RegionRetrievalModule):
-    """COMPOSER on a :class:`grounding.composer.data.ComposerDataModule`.
+@dataclass(frozen=True)
+class ComposerLosses:
+    """COMPOSER's objective beyond ℓ_match (§3.3): ℓ_MVSA and ℓ_order, their weights and reduction.
 
     ``mvsa_loss``: ``hinge`` (paper, margin ``mvsa_margin`` α = 0.8) | ``nll`` | null (off; Table 5).
     ``mvsa_weight`` / ``order_weight``: λ₁, λ₂ (paper 1, 1; 0 turns a term off), ``order_margin`` β = 0.2.
     ``concept_reduction``: ``sum`` over a caption's concepts and edges (paper) or ``mean`` (see losses).
+    ``aux_ramp_steps``: λ₁ and λ₂ rise linearly from 0 over the first N optimizer steps (0: the paper's constant
+    weights)."""
+
+    mvsa_loss: str | None = "hinge"
+    mvsa_margin: float = 0.8
+    mvsa_weight: float = 1.0
+    order_margin: float = 0.2
+    order_weight: float = 1.0
+    concept_reduction: str = "sum"
+    aux_ramp_steps: int = 0
+
+    def __post_init__(self):
+        check_choices(self, "losses.", mvsa_loss=(*MVSA_LOSSES, None), concept_reduction=REDUCTIONS)
+        if self.aux_ramp_steps < 0:
+            raise ValueError(f"losses.aux_ramp_steps must be >= 0; got {self.aux_ramp_steps}")
+
+
+class ComposerTraining(RegionRetrievalModule):
+    """COMPOSER on a :class:`grounding.composer.data.ComposerDataModule`.
+
+    ``losses``: ℓ_MVSA and ℓ_order, their weights, reduction and warm-up (:class:`ComposerLosses`; a config writes
+    it as a mapping: ``losses: {mvsa_loss: null}``).
     ``hard_negatives``: ``pool`` (paper: the batch's ``hard_caption`` rows, a caption of one of x_i's nearest
     training images; the DataModule's ``hard_negatives`` must be ``pool`` too, linked in grounding/cli.py),
     ``batch`` (the in-batch image nearest by mean region feature) or ``random``.
     ``rerank_top_k``: evaluate by composing only the top-K images of the primitive-score first stage.
-    ``aux_ramp_steps``: λ₁ and λ₂ rise linearly from 0 over the first N optimizer steps (0: the paper's constant
-    weights); ``new_layer_lr_scale``: every layer but the pretrained Predicate Transformer at this multiple of the
+    ``new_layer_lr_scale``: every layer but the pretrained Predicate Transformer at this multiple of the
     learning rate (1: the paper's single rate). ``train_recall_images``: log train recall on that many training
     images every epoch (:class:`RegionRetrievalModule`).
     """
 
-    def __init__(self, net: Composer, mvsa_loss: str | None = "hinge", mvsa_margin: float = 0.8, mvsa_weight: float = 1.0,
-                 order_margin: float = 0.2, order_weight: float = 1.0, concept_reduction: str = "sum",
-                 hard_negatives: str = "batch", aux_ramp_steps: int = 0, new_layer_lr_scale: float = 1.0,
-                 train_recall_images: int | None = None,
+    def __init__(self, net: Composer, losses: ComposerLosses = ComposerLosses(), hard_negatives: str = "batch",
+                 new_layer_lr_scale: float = 1.0, train_recall_images: int | None = None,
                  rerank_top_k: int | None = None, first_stage_scores: str | None = None, eval_image_chunk: int = 64,
                  feature_cache: bool = True, feature_cache_dir: str | None = None,
                  optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images, first_stage_scores)
-        if aux_ramp_steps < 0:
-            raise ValueError(f"aux_ramp_steps must be >= 0; got {aux_ramp_steps}")
-        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
-            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVES}; got {hard_negatives!r}")
         # Evaluation knobs stay out of the checkpoint: LightningCLI re-applies a checkpoint's hyperparameters
@@ -243,11 +260,12 @@ class ComposerTraining(RegionRetrievalModule):
         self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler", "rerank_top_k", "first_stage_scores",
                                           "eval_image_chunk"])
         self.net = self.adopt_net(net)
-        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
-        self.order_margin, self.order_weight = order_margin, order_weight
-        self.concept_reduction = concept_reduction
+        self.losses = losses
+        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = losses.mvsa_loss, losses.mvsa_margin, losses.mvsa_weight
+        self.order_margin, self.order_weight = losses.order_margin, losses.order_weight
+        self.concept_reduction = losses.concept_reduction
         self.hard_negatives = hard_negatives
-        self.aux_ramp_steps = aux_ramp_steps
+        self.aux_ramp_steps = losses.aux_ramp_steps
         self.steps_taken: int | None = None  # set by loops without a Trainer (diagnostics.fit_small)
         self.rerank_top_k, self.eval_image_chunk = rerank_top_k, eval_image_chunk
         # detector regions from files have no frozen CNN to cache

@@ -18,6 +18,7 @@ CRG concepts, each concept's text run through the cross-encoder with the image.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -29,14 +30,14 @@ from grounding.contrastive import vse_hinge_loss
 from grounding.encoders import bert_hidden_states, check_packed_tokens, load_text_encoder, padded_bert_forward, real_token_positions
 from grounding.host_sync import host_numpy
 from grounding.lightning import LRSchedulerCallable, OptimizerCallable, default_optimizer
-from grounding.nets import RecordedNet
+from grounding.nets import RecordedNet, check_choices
 from grounding.precision import dot_similarity, full_precision
 from grounding.retrieval_metrics import place_reranked, rerank_pairs
 
 from .batch import ragged_arange, same_height_partners
 from .hard_negatives import HARD_NEGATIVE_MODES
 from .model import AttentionBlock, CoAttentionBlock, RegionEmbedding, masked_mean, region_backbone, region_features
-from .objectives import MVSA_LOSSES, match_nll, mvsa_loss
+from .objectives import MVSA_LOSSES, REDUCTIONS, match_nll, mvsa_loss
 from .training import RegionRetrievalModule, four_way_negatives, hard_caption_rows
 
 
@@ -168,10 +169,33 @@ LENGTH_GROUP_MIN_PAIRS = 16
 EVAL_PHRASES = ("test", "always", "never")
 
 
+@dataclass(frozen=True)
+class ViLBERTSizes:
+    """The widths and depths of :class:`ViLBERT` (paper values: App. C). ``text_layers``: the text stream is the text
+    encoder's first ``text_layers`` layers (paper 12 of bert-base-uncased; null: all); ``image_layers``: the image
+    stream's transformer layers (paper 6); ``coattention_layers``: the co-attention blocks between the streams (paper
+    6); ``image_dim`` / ``image_heads`` / ``image_ffn_dim``: the image stream's width, heads and FFN (1024, 8, 1024);
+    ``co_dim`` / ``co_heads``: the co-attention's (1024, 8); ``norm_first``: pre-LN image layers and co-attention
+    blocks (paper: post-LN, as BERT); ``dropout``."""
+
+    text_layers: int | None = None
+    image_layers: int = 6
+    coattention_layers: int = 6
+    image_dim: int = 1024
+    image_heads: int = 8
+    image_ffn_dim: int = 1024
+    co_dim: int = 1024
+    co_heads: int = 8
+    norm_first: bool = False
+    dropout: float = 0.1
+
+
 class ViLBERT(RecordedNet):
     """ViLBERT as COMPOSER's paper configures it (App. C): a text stream of ``text_layers`` layers of ``text_encoder``
     (paper 12 of bert-base-uncased; null: all), an image stream of ``image_layers`` transformer layers (paper 6) over
-    the regions, and ``coattention_layers`` co-attention blocks (paper 6) between the streams.
+    the regions, and ``coattention_layers`` co-attention blocks (paper 6) between the streams; the layer counts and
+    widths are the option group ``sizes`` (:class:`ViLBERTSizes`; a config writes it as a mapping:
+    ``sizes: {coattention_layers: 2}``).
 
     The schedule is ViLBERT's code's (``t_biattention_id`` = the top K text layers, ``v_biattention_id`` = image
     layers 0..K-1): the lower T−K text layers run as the pretrained encoder; then co-attention block i follows text
@@ -195,13 +219,15 @@ class ViLBERT(RecordedNet):
     recorded runs' dropout draws.
     """
 
-    def __init__(self, text_encoder: str = "minilm", text_layers: int | None = None, region_source: str = "grid",
-                 backbone: str = "efficientnet_lite0", backbone_weights: str | None = "default", region_dim: int | None = None,
-                 image_size: int = 224, image_layers: int = 6, coattention_layers: int = 6, image_dim: int = 1024,
-                 image_heads: int = 8, image_ffn_dim: int = 1024, co_dim: int = 1024, co_heads: int = 8,
-                 norm_first: bool = False, text_pooling: str = "cls", dropout: float = 0.1,
+    def __init__(self, text_encoder: str = "minilm", region_source: str = "grid", backbone: str = "efficientnet_lite0",
+                 backbone_weights: str | None = "default", region_dim: int | None = None, image_size: int = 224,
+                 sizes: ViLBERTSizes = ViLBERTSizes(), text_pooling: str = "cls",
                  packed_tokens: bool | Literal["auto"] = False, length_groups: int = 1):
         super().__init__()
+        z = sizes
+        text_layers, image_layers, coattention_layers = z.text_layers, z.image_layers, z.coattention_layers
+        image_dim, image_heads, image_ffn_dim, dropout = z.image_dim, z.image_heads, z.image_ffn_dim, z.dropout
+        co_dim, co_heads, norm_first = z.co_dim, z.co_heads, z.norm_first
         self.packed_tokens = check_packed_tokens(packed_tokens)
         if length_groups < 1:
             raise ValueError(f"length_groups must be >= 1; got {length_groups}")
@@ -308,16 +334,32 @@ class ViLBERT(RecordedNet):
         return self.cross(text[pair_caption], mask[pair_caption], regions[pair_image], region_mask[pair_image])
 
 
+@dataclass(frozen=True)
+class ViLBERTLosses:
+    """ViLBERT-style training's ℓ_MVSA (Table 5's "ViLBERT + MVSA"; off by default). ``mvsa_loss`` ``hinge`` (margin
+    ``mvsa_margin`` α 0.8, weight ``mvsa_weight`` λ₁) | ``nll`` | null (off: ℓ_match alone) adds ℓ_MVSA over every
+    non-sentence CRG concept c of the positive captions: s(x, c) against s(x, c⁻) (c⁻ the same-height concept of the
+    random negative caption, as for COMPOSER) and s(x⁻, c), each s a cross-encoder run on the concept's own text;
+    ``mvsa_max_concepts`` samples at most that many concepts a caption (null: all, the paper's sum);
+    ``concept_reduction`` as COMPOSER's (:class:`grounding.composer.training.ComposerLosses`)."""
+
+    mvsa_loss: str | None = None
+    mvsa_margin: float = 0.8
+    mvsa_weight: float = 1.0
+    mvsa_max_concepts: int | None = None
+    concept_reduction: str = "sum"
+
+    def __post_init__(self):
+        check_choices(self, "losses.", mvsa_loss=(*MVSA_LOSSES, None), concept_reduction=REDUCTIONS)
+
+
 class ViLBERTTraining(RegionRetrievalModule):
     """The ViLBERT-style baseline on a :class:`grounding.composer.data.ComposerDataModule`, trained as COMPOSER's paper
     trains it: ℓ_match, the 4-way NLL over (x, y), (x, random y'), (random x', y), (x, hard y'') with COMPOSER's
     ``hard_negatives`` (``pool``: the paper's, linked to the DataModule; ``batch``; ``random``).
 
-    Table 5's "ViLBERT + MVSA": ``mvsa_loss`` ``hinge`` (margin ``mvsa_margin`` α 0.8, weight ``mvsa_weight`` λ₁)
-    adds ℓ_MVSA over every non-sentence CRG concept c of the positive captions: s(x, c) against s(x, c⁻) (c⁻ the
-    same-height concept of the random negative caption, as for COMPOSER) and s(x⁻, c), each s a cross-encoder run on
-    the concept's own text; ``mvsa_max_concepts`` samples at most that many concepts a caption (null: all, the
-    paper's sum). ``concept_reduction`` as COMPOSER's. Evaluation: every (image, caption) pair cross-encoded, and
+    Table 5's "ViLBERT + MVSA": ``losses`` (:class:`ViLBERTLosses`) with ``mvsa_loss: hinge`` adds ℓ_MVSA over every
+    non-sentence CRG concept c of the positive captions. Evaluation: every (image, caption) pair cross-encoded, and
     every phrase query's text against every image (Table 5's phrase R@1; ``eval_phrases``: ``test`` only, the
     default, since phrases multiply a validation's cross-encoder pairs up to 6x; ``always``; ``never``),
     ``eval_pair_chunk`` pairs at a time. ``rerank_top_k`` with ``first_stage_scores`` (test only): only each
@@ -325,8 +367,7 @@ class ViLBERTTraining(RegionRetrievalModule):
     are then not scored.
     """
 
-    def __init__(self, net: ViLBERT, hard_negatives: str = "batch", mvsa_loss: str | None = None, mvsa_margin: float = 0.8,
-                 mvsa_weight: float = 1.0, mvsa_max_concepts: int | None = None, concept_reduction: str = "sum",
+    def __init__(self, net: ViLBERT, hard_negatives: str = "batch", losses: ViLBERTLosses = ViLBERTLosses(),
                  eval_pair_chunk: int = 2048, eval_phrases: str = "test", new_layer_lr_scale: float = 1.0,
                  train_recall_images: int | None = None, rerank_top_k: int | None = None,
                  first_stage_scores: str | None = None, feature_cache: bool = True, feature_cache_dir: str | None = None,
@@ -334,8 +375,6 @@ class ViLBERTTraining(RegionRetrievalModule):
         super().__init__(optimizer, lr_scheduler, new_layer_lr_scale, train_recall_images, first_stage_scores)
         if rerank_top_k is not None and rerank_top_k < 1:
             raise ValueError(f"rerank_top_k must be >= 1 (or null: every pair); got {rerank_top_k}")
-        if mvsa_loss is not None and mvsa_loss not in MVSA_LOSSES:
-            raise ValueError(f"mvsa_loss must be one of {MVSA_LOSSES} or null; got {mvsa_loss!r}")
         if hard_negatives not in HARD_NEGATIVE_MODES:
             raise ValueError(f"hard_negatives must be one of {HARD_NEGATIVE_MODES}; got {hard_negatives!r}")
         if eval_phrases not in EVAL_PHRASES:
@@ -345,8 +384,9 @@ class ViLBERTTraining(RegionRetrievalModule):
         self.rerank_top_k = rerank_top_k
         self.net = self.adopt_net(net)
         self.hard_negatives = hard_negatives
-        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = mvsa_loss, mvsa_margin, mvsa_weight
-        self.mvsa_max_concepts, self.concept_reduction = mvsa_max_concepts, concept_reduction
+        self.losses = losses
+        self.mvsa_loss, self.mvsa_margin, self.mvsa_weight = losses.mvsa_loss, losses.mvsa_margin, losses.mvsa_weight
+        self.mvsa_max_concepts, self.concept_reduction = losses.mvsa_max_concepts, losses.concept_reduction
         self.eval_pair_chunk, self.eval_phrases = eval_pair_chunk, eval_phrases
         self.feature_cache = feature_cache and self.net.backbone is not None
         self.feature_cache_dir = feature_cache_dir

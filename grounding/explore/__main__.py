@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from grounding.errors import user_errors_exit
-from grounding.explore.app import CSS, Explorer, QueryError, build_app
+from grounding.explore.app import CSS, Explorer, QueryError, build_app, check_query
 from grounding.explore.models import GALLERY_SPLITS, ExplorerError, Gallery, first_stage_of, load_models
 from grounding.leaderboard.board import LeaderboardError, load_leaderboard
 
@@ -42,9 +42,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the photos searched: the test split (default) or all splits of the test set's data")
     p.add_argument("--check", metavar="QUERY", help="answer one query in the terminal and exit")
     args = p.parse_args(argv)
-    if args.rerank_top_k < 1 or not 1 <= args.top_k <= 10 or not 0 < args.port < 65536:
-        print("error: --rerank-top-k must be >= 1, --top-k in 1..10 and --port in 1..65535", file=sys.stderr)
-        return 2
+    for option, value, ok, expected in (("--rerank-top-k", args.rerank_top_k, args.rerank_top_k >= 1, ">= 1"),
+                                        ("--top-k", args.top_k, 1 <= args.top_k <= 10, "in 1..10"),
+                                        ("--port", args.port, 0 < args.port < 65536, "in 1..65535")):
+        if not ok:
+            print(f"error: {option} {value}: expected a whole number {expected}", file=sys.stderr)
+            return 2
+    if args.check is not None:
+        try:  # before any model loads: a query without words is refused at once
+            check_query(args.check)
+        except QueryError as e:
+            print(f"error: --check: {e}", file=sys.stderr)
+            return 2
     try:
         explorer = load_explorer(args.config, args.first_stage, args.rerank_top_k, args.top_k, gallery=args.gallery)
     except (LeaderboardError, ExplorerError) as e:

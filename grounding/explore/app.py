@@ -45,6 +45,9 @@ def check_query(query: str | None) -> str:
         raise QueryError("Type a query first (e.g. one of the example captions).")
     if len(query) > MAX_QUERY_CHARS:
         raise QueryError(f"The query has {len(query)} characters; keep it under {MAX_QUERY_CHARS} (a caption is ~60).")
+    if not any(ch.isalnum() for ch in query):  # "?!..." or emoji: every model would still rank, on nothing
+        raise QueryError(f"The query {query!r} has no words (only punctuation or symbols); type a caption with words, "
+                         "e.g. a dog runs on the grass.")
     return query
 
 
@@ -301,57 +304,82 @@ def build_app(explorer: Explorer):
             preview = gr.Image(label="Photo", type="pil", height=260)
             captions_out = gr.HTML(elem_id="captions")
 
-        def run_search(q, models, kk, progress=gr.Progress()):
-            try:
-                result = explorer.search(q, models, kk, progress=progress)
-            except QueryError as e:
-                return [str(e), {}] + [[] for _ in galleries] + ["", "", None]
-            syn_html, syn_img = "", None
-            if explorer.semclip_model is not None and explorer.semclip_model.name in models:
-                try:
-                    syn_html, syn_img = explorer.synonyms(result.query, result.k)
-                except Exception as e:  # noqa: BLE001 - shown in the page
-                    syn_html = f"<p>⚠ SemCLIP synonyms: {html.escape(str(e))}</p>"
-            ranked = {n: result.ranked[n].rows for n in result.ranked}
-            return ([explorer.summary(result), {"query": result.query, "ranked": ranked}]
-                    + [explorer.result_items(result, n) if n in models else [] for n in names]
-                    + ["Click a photo above to see why it matched.", syn_html, syn_img])
-
+        run_search = _search_callback(gr, explorer, names)
         outputs = [summary, state, *galleries, selected, synonyms_html, synonyms_img]
         search.click(run_search, [query, chosen, k], outputs)
         query.submit(run_search, [query, chosen, k], outputs)
 
-        def explain(name):
-            def on_select(st, evt: gr.SelectData):
-                rows = (st or {}).get("ranked", {}).get(name, [])
-                if not rows or evt.index is None or evt.index >= len(rows):
-                    return "Search first.", gr.update(choices=[], value=None), None, ""
-                image, q = rows[evt.index], st["query"]
-                tokens, maps = explorer.words(q, image)
-                st["image"] = image
-                head = f"**{html.escape(name)}**, result {evt.index + 1}: {explorer.gallery.image_paths[image].name}"
-                choices = [(f"{t} ({j + 1})", j) for j, t in enumerate(tokens)]
-                best = int(maps.flatten(1).amax(1).argmax()) if tokens else None  # the word grounded most strongly
-                return (head, gr.update(choices=choices, value=best),
-                        explorer.heat_map(q, image, best) if tokens else None, explorer.crg_html(q, image))
-            on_select.__annotations__["evt"] = gr.SelectData  # a class, not the string postponed annotations leave
-            return on_select
-
         for name, g in zip(names, galleries):
-            g.select(explain(name), [state], [selected, words, heat, crg])
-
-        def draw_word(st, word):
-            if not st or "image" not in st or word is None:
-                return None
-            return explorer.heat_map(st["query"], st["image"], word)
-
-        words.change(draw_word, [state, words], [heat])
-
-        def find_captions(name, models, kk):
-            if name not in photo_names:
-                return None, "<p>Pick a photo of the gallery.</p>"
-            i = photo_names.index(name)
-            return model_view(explorer.gallery.image_paths[i]), explorer.captions(i, models, kk)
-
-        go.click(find_captions, [photo, chosen, k2], [preview, captions_out])
+            g.select(_explain_callback(gr, explorer, name), [state], [selected, words, heat, crg])
+        words.change(_draw_word_callback(explorer), [state, words], [heat])
+        go.click(_captions_callback(explorer, photo_names), [photo, chosen, k2], [preview, captions_out])
     return app
+
+
+# The page's callbacks, each made for one Explorer (and the Gradio module, which build_app imports lazily).
+def _search_callback(gr, explorer: Explorer, names: list[str]):
+    """Search: the summary, the state a click reads (the query and every model's ranked photos), each model's photos
+    (none for a model not chosen), a hint to click, and SemCLIP's synonym table and sheet; a bad query: its message."""
+
+    def run_search(q, models, kk, progress=gr.Progress()):
+        try:
+            result = explorer.search(q, models, kk, progress=progress)
+        except QueryError as e:
+            return [str(e), {}] + [[] for _ in names] + ["", "", None]  # one empty gallery per model
+        syn_html, syn_img = "", None
+        if explorer.semclip_model is not None and explorer.semclip_model.name in models:
+            try:
+                syn_html, syn_img = explorer.synonyms(result.query, result.k)
+            except Exception as e:  # noqa: BLE001 - shown in the page
+                syn_html = f"<p>⚠ SemCLIP synonyms: {html.escape(str(e))}</p>"
+        ranked = {n: result.ranked[n].rows for n in result.ranked}
+        return ([explorer.summary(result), {"query": result.query, "ranked": ranked}]
+                + [explorer.result_items(result, n) if n in models else [] for n in names]
+                + ["Click a photo above to see why it matched.", syn_html, syn_img])
+
+    return run_search
+
+
+def _explain_callback(gr, explorer: Explorer, name: str):
+    """A click on model ``name``'s photo: which result it is, the query's words (the most strongly grounded one
+    chosen), its VG-BERT match map and COMPOSER's CRG with each concept's score on the photo."""
+
+    def on_select(st, evt: gr.SelectData):
+        rows = (st or {}).get("ranked", {}).get(name, [])
+        if not rows or evt.index is None or evt.index >= len(rows):
+            return "Search first.", gr.update(choices=[], value=None), None, ""
+        image, q = rows[evt.index], st["query"]
+        tokens, maps = explorer.words(q, image)
+        st["image"] = image
+        head = f"**{html.escape(name)}**, result {evt.index + 1}: {explorer.gallery.image_paths[image].name}"
+        choices = [(f"{t} ({j + 1})", j) for j, t in enumerate(tokens)]
+        best = int(maps.flatten(1).amax(1).argmax()) if tokens else None  # the word grounded most strongly
+        return (head, gr.update(choices=choices, value=best),
+                explorer.heat_map(q, image, best) if tokens else None, explorer.crg_html(q, image))
+
+    on_select.__annotations__["evt"] = gr.SelectData  # a class, not the string postponed annotations leave
+    return on_select
+
+
+def _draw_word_callback(explorer: Explorer):
+    """Another word picked: its match map over the clicked photo (nothing before a click)."""
+
+    def draw_word(st, word):
+        if not st or "image" not in st or word is None:
+            return None
+        return explorer.heat_map(st["query"], st["image"], word)
+
+    return draw_word
+
+
+def _captions_callback(explorer: Explorer, photo_names: list[str]):
+    """Image → captions: the picked gallery photo (by name only: no path from the browser is ever opened) and each
+    chosen model's top captions."""
+
+    def find_captions(name, models, kk):
+        if name not in photo_names:
+            return None, "<p>Pick a photo of the gallery.</p>"
+        i = photo_names.index(name)
+        return model_view(explorer.gallery.image_paths[i]), explorer.captions(i, models, kk)
+
+    return find_captions

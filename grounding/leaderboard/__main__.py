@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 
 from grounding.errors import user_errors_exit
-from grounding.leaderboard.board import LeaderboardError, evaluate, load_leaderboard, markdown_table, merge_rows, table_rows, write_outputs
+from grounding.leaderboard.board import (
+    LeaderboardError,
+    check_output_folder,
+    evaluate,
+    load_leaderboard,
+    markdown_table,
+    merge_rows,
+    table_rows,
+    write_outputs,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         board = load_leaderboard(args.config)
+        check_output_folder(args.out or board.out, f"--out (or the `out` of {args.config})")
         if args.rewrite:
             if args.only or args.ckpt or args.graded or args.graded_splits is not None:
                 raise LeaderboardError("--rewrite tests nothing: give it without --only, --ckpt, --graded and --graded-splits")

@@ -53,6 +53,7 @@ included, caches warm after a first run). A model whose files are missing is a s
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import json
 import math
@@ -87,7 +88,7 @@ from grounding.retrieval_metrics import (
 )
 from grounding.semclip.alignment import check_fitted_vlm, load_transform
 from grounding.semclip.ste import STEEmbedding
-from grounding.semclip.store import SemCLIPStore
+from grounding.semclip.store import QUERY_MODES, SemCLIPStore
 from grounding.semclip.vlm import load_vlm
 from grounding.stage_config import ConfigError
 from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text, sha1_of_json
@@ -218,6 +219,54 @@ def _need(mapping: dict, key: str, kind, where: str):
     return value
 
 
+PATHS = "paths"  # a list of strings
+# A model row's keys and what each must hold (a value of another type, or another key, is one line naming the file,
+# the row and the key): an unquoted number where a path belongs (ckpt: 12345) is YAML's int, not a file name.
+ROW_FIELDS = {"name": (str, "a string"), "command": (str, "a string (the command that makes the row's files)"),
+              "paper": (str, "a string"), "encoders": (str, "a string"),
+              "config": (str, "a path (a stage config, experiments/.../*.yaml)"),
+              "ckpt": (str, "a path (a .ckpt file or a glob matching one)"),
+              "semclip": (dict, "a mapping (vlm, transform, ste; optional query_mode, bank_images)"),
+              "runs": (PATHS, "a list of run folders"), "other_seeds": (PATHS, "a list of checkpoint paths (globs allowed)"),
+              "first_stage": (str, "another row's name"), "rerank_top_k": (int, "an integer >= 1"),
+              "ensemble": (PATHS, "a list of earlier rows' names"), "weights": (list, "a list of non-negative numbers")}
+SEMCLIP_FIELDS = ("vlm", "transform", "ste", "query_mode", "bank_images")
+
+
+def _unknown_key(keys, allowed, where: str, what: str) -> None:
+    stray = [k for k in keys if k not in allowed]
+    if stray:
+        close = difflib.get_close_matches(str(stray[0]), list(allowed), n=1)
+        raise LeaderboardError(f"{where}: unknown key `{stray[0]}`" + (f" (did you mean `{close[0]}`?)" if close else "")
+                               + f"; {what} are {', '.join(allowed)}")
+
+
+def check_row_fields(m: dict, where: str) -> None:
+    """Each key of a model row is one it has (:data:`ROW_FIELDS`), holding what it must; ``None`` is absent."""
+    label = f"{where} ({m['name']})" if isinstance(m.get("name"), str) else where
+    _unknown_key(m, ROW_FIELDS, label, "a model row's keys")
+    for key, (kind, what) in ROW_FIELDS.items():
+        value = m.get(key)
+        if value is None:
+            continue
+        if kind == PATHS:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            if kind == PATHS:
+                hint = " (quote each item in the YAML)" if isinstance(value, list) else f" (write a YAML list: [{value}])"
+            else:
+                hint = " (quote it in the YAML: a path is a string)" if key in ("ckpt", "config") else ""
+            raise LeaderboardError(f"{label}: `{key}` must be {what}; got {value!r} ({type(value).__name__}){hint}")
+    semclip = m.get("semclip")
+    if isinstance(semclip, dict):
+        _unknown_key(semclip, SEMCLIP_FIELDS, f"{label}: semclip", "its keys")
+        if semclip.get("query_mode", "ste") not in QUERY_MODES:
+            raise LeaderboardError(f"{label}: semclip.query_mode must be one of {', '.join(QUERY_MODES)}; got "
+                                   f"{semclip['query_mode']!r}")
+
+
 def load_leaderboard(path: str | Path) -> Leaderboard:
     """Read and check a leaderboard YAML (see the module docstring)."""
     path = Path(path)
@@ -230,11 +279,22 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
         raise LeaderboardError(f"{path}: not readable YAML ({' '.join(str(e).split())}); fix the file") from None
     if not isinstance(cfg, dict):
         raise LeaderboardError(f"{path}: expected a mapping with test_set, models and out")
+    _unknown_key(cfg, ("test_set", "out", "models", "published"), str(path), "a leaderboard's keys")
     ts = _need(cfg, "test_set", dict, str(path))
+    _unknown_key(ts, ("name", "captions", "world_meta", "compositional_split"), f"{path}: test_set", "its keys")
     captions = _need(ts, "captions", dict, f"{path}: test_set")
     if not isinstance(captions.get("class_path"), str):
         raise LeaderboardError(f"{path}: test_set.captions needs a class_path (a caption DataModule such as "
                                "data_modules.FlickrDataModule) and its init_args")
+    if not isinstance(captions.get("init_args") or {}, dict):
+        raise LeaderboardError(f"{path}: test_set.captions.init_args must be a mapping of the DataModule's options "
+                               f"(e.g. {{root: data/world/flickr}}); got {captions['init_args']!r}")
+    for key, what in (("name", "a string"), ("world_meta", "a path (world.json)"),
+                      ("compositional_split", "a path (an MCD split file)"), ("out", "a path (the output folder)")):
+        value = (cfg if key == "out" else ts).get(key)
+        if value is not None and not isinstance(value, str):
+            raise LeaderboardError(f"{path}: {'' if key == 'out' else 'test_set.'}{key} must be {what}; got {value!r} "
+                                   f"({type(value).__name__})")
     test_set = TestSet(str(ts.get("name") or path.stem), {"class_path": captions["class_path"],
                                                            "init_args": dict(captions.get("init_args") or {})},
                        ts.get("world_meta"), ts.get("compositional_split"))
@@ -243,6 +303,7 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
         where = f"{path}: models[{i}]"
         if not isinstance(m, dict):
             raise LeaderboardError(f"{where}: expected a mapping (name, command, config + ckpt or semclip)")
+        check_row_fields(m, where)
         entry = ModelEntry(name=_need(m, "name", str, where), command=_need(m, "command", str, where),
                            paper=str(m.get("paper") or ""), config=m.get("config"), ckpt=m.get("ckpt"),
                            semclip=m.get("semclip"), runs=list(m.get("runs") or []),
@@ -398,7 +459,7 @@ class Reference:
         if (images, len(texts), sha1_of_json(texts)) != (self.images, self.captions, self.sha1):
             raise LeaderboardError(f"{name}: tested on {images} images / {len(texts)} captions, not the test set's "
                                    f"{self.images} / {self.captions} (or other caption texts): the stage config overrides "
-                                   "the test set's data (a test_subset, a caption file); remove that key")
+                                   "the test set's data (subsets.test, a caption file); remove that key")
 
 
 def reference_data(test_set: TestSet, compositional: bool = False, split_file: str | None = None):
@@ -939,6 +1000,17 @@ def merge_rows(rows: list[dict], out: str | Path, board: Leaderboard) -> list[di
         old = {}
     new = {r["model"]: r for r in rows}
     return [new.get(m.name) or old[m.name] for m in board.models if m.name in new or m.name in old]
+
+
+def check_output_folder(out: str | Path, where: str) -> Path:
+    """``out`` as a folder the tables can go to: a file in the way (the folder or one of its parents) is a
+    :class:`LeaderboardError`, raised before any model is tested (the tables are written at the end)."""
+    out = Path(out)
+    in_the_way = next((f for f in (out, *out.parents) if f.exists() and not f.is_dir()), None)
+    if in_the_way is not None:
+        raise LeaderboardError(f"output folder {out}: {in_the_way} is a file, not a folder; choose another {where} or "
+                               "move the file")
+    return out
 
 
 def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None = None) -> Path:

@@ -4,7 +4,7 @@ same test set, rsum (with its 95 % bootstrap interval) against the number of tra
 ``python -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models VSE ...
 --photos 750 1500 3000 6000 [--fit]``: for every model and size N, the run folder ``<runs>/<model>/n<N>`` holds a
 fit of the model's own config with the training split cut to a seeded sample of N photos (the caption DataModule's
-``train_subset``: the same sample for every model); ``--fit`` makes the missing ones (``python -m grounding fit``,
+``subsets.train``: the same sample for every model); ``--fit`` makes the missing ones (``python -m grounding fit``,
 one after another). A size that is the whole training split uses the leaderboard row's own checkpoint. Every run is
 then tested by the leaderboard's code on the test set (without the compositional split), and the table
 (``scaling.md``, ``.csv``, ``.json``) and the plot (``scaling.png``) are written to ``--out``. A size whose run is
@@ -51,6 +51,7 @@ from grounding.leaderboard.board import (
     Leaderboard,
     LeaderboardError,
     ModelEntry,
+    check_output_folder,
     evaluate,
     fit_progress,
     load_leaderboard,
@@ -75,14 +76,14 @@ def slug(name: str) -> str:
 
 def subset_override(config: str, photos: int) -> dict:
     """The config override that trains on a seeded sample of ``photos`` training images: the caption DataModule's
-    ``train_subset`` (inside COMPOSER's DataModule, its ``captions``)."""
+    ``subsets.train`` (inside COMPOSER's DataModule, its ``captions``)."""
     try:
         data_class = str((resolved_config(config).get("data") or {}).get("class_path"))
     except ConfigError as e:
         raise LeaderboardError(str(e)) from None
     if data_class == COMPOSER_DATA:
-        return {"data": {"init_args": {"captions": {"init_args": {"train_subset": photos}}}}}
-    return {"data": {"init_args": {"train_subset": photos}}}
+        return {"data": {"init_args": {"captions": {"init_args": {"subsets": {"train": photos}}}}}}
+    return {"data": {"init_args": {"subsets": {"train": photos}}}}
 
 
 def validation_every(max_epochs: int, every: int, validations: int) -> int | None:
@@ -156,7 +157,7 @@ def with_first_stages(board: Leaderboard, models: list[str]) -> list[str]:
 
 def train_photo_names(config: str, photos: int) -> list[str]:
     """The file names of the seeded sample of ``photos`` training images that ``config``'s caption DataModule trains
-    on (its ``train_subset``, :func:`subset_override`): the images a SemCLIP at that size may learn from."""
+    on (its ``subsets.train``, :func:`subset_override`): the images a SemCLIP at that size may learn from."""
     try:
         data = resolved_config(config).get("data") or {}
     except ConfigError as e:
@@ -418,11 +419,17 @@ def main(argv: list[str] | None = None) -> int:
         print("error: nothing to draw: name --models to test, or --recorded scaling.json files to redraw", file=sys.stderr)
         return 2
     try:
+        fit_args = shlex.split(args.fit_args)
+    except ValueError as e:  # an unclosed quote
+        print(f"error: --fit-args {args.fit_args!r}: {e}; give the options as one shell-quoted string", file=sys.stderr)
+        return 2
+    try:
         board = load_leaderboard(args.config)
+        out = check_output_folder(args.out or f"reports/scaling/{board.test_set.name}", "--out")
         with_first_stages(board, args.models)  # before the test set is read
         recorded = [row for path in args.recorded for row in read_recorded(resolve_path(path))]  # before any fit
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
-                           log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=shlex.split(args.fit_args),
+                           log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=fit_args,
                            first_stage=args.first_stage, validations=args.validations or None) if args.models else []
     except LeaderboardError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -432,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     commit = source_commit()
     rows = merge_recorded([{**r, "commit": commit} for r in rows], recorded)
-    out = write_scaling(rows, Path(args.out or f"reports/scaling/{board.test_set.name}"), board)
+    out = write_scaling(rows, out, board)
     print(markdown(rows), end="")
     print(f"wrote {out}/scaling.md, .csv, .json and .png", file=sys.stderr)
     return 1 if any(str(r.get("status", "")).startswith("error") for r in rows) else 0

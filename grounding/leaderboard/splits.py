@@ -1,7 +1,8 @@
 """One trained COMPOSER checkpoint tested on an MCD split and its graded splits (§5.1, Fig. 4).
 
-``python -m grounding.composer evaluate-splits --config <model yaml> --ckpt <ckpt> --splits <mcd out dir>``
-runs the ``test`` subcommand of ``python -m grounding`` (LightningCLI -> ``Trainer.test`` -> the test loop and
+``python -m grounding.leaderboard.evaluate_splits --config <model yaml> --ckpt <ckpt> --splits <mcd out dir> [--out DIR]
+[--rerank-top-k K] [--limit N]`` (also run by its old name ``python -m grounding.composer evaluate-splits``) runs
+the ``test`` subcommand of ``python -m grounding`` (LightningCLI -> ``Trainer.test`` -> the test loop and
 metrics of :class:`grounding.composer.training.ComposerTraining`, as ``make composer`` tests) once per split
 file written by ``python -m grounding.composer mcd``: ``mcd.json``, then every ``graded/*.json``. The model
 config's caption DataModule reads each split: its ``root`` gives the images, its caption file is replaced by
@@ -13,7 +14,8 @@ compound and atom divergence from train, images, captions, text->image R@1/5/10,
 rsum; the JSON also keeps every logged test metric) and ``fig4.png``: text->image R@1 and R@5 against
 compound divergence, the MCD split marked, the random splits' divergence range of ``summary.json`` shaded.
 
-It lives on the top floor, beside the leaderboard, because it runs the CLI's test loop (one model, many test sets).
+It lives on the top floor, beside the leaderboard, because it runs the CLI's test loop (one model, many test sets);
+the ``composer`` command, a paper package's, starts it as a process rather than importing it.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def evaluate_split(config: str | Path, ckpt: str | Path, split: SplitFile, workd
     images and captions."""
     reader = {"karpathy_file": str(split.path.resolve()), "captions_file": None, "test_only": True}
     if limit is not None:
-        reader["test_subset"] = limit
+        reader["subsets"] = {**(reader.get("subsets") or {}), "test": limit}
     data = {"data": {"init_args": {"captions": {"init_args": reader}}}}
     extra = [] if rerank_top_k is None else [f"--model.init_args.rerank_top_k={rerank_top_k}"]
     cli = run_test_subcommand(config, ckpt, workdir, [data], extra)

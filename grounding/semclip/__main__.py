@@ -91,10 +91,25 @@ def alignment_config(path: str) -> dict:
     return {"data": cfg.data.init_args.as_dict(), "export_path": model_args.get("export_path")}
 
 
-def _evaluate(args):
+def _check_evaluate_arguments(args) -> None:
+    """The numbers first: a wrong one is named before any file is looked for (one line each, exit 2)."""
     if args.image_neighbours < 1:
         raise UsageError(f"evaluate: --image-neighbours {args.image_neighbours}: give 1 (Eq. 7, the paper's) or more "
                          "(the mean of Γ_t of an image's k nearest bank texts).")
+    if args.bootstrap < 1:
+        raise UsageError(f"evaluate: --bootstrap {args.bootstrap}: give the number of bootstrap resamples, 1 or more "
+                         "(1000 by default).")
+    if not 0 < args.confidence < 1:
+        raise UsageError(f"evaluate: --confidence {args.confidence}: give the intervals' level between 0 and 1, e.g. 0.95.")
+    if args.tagging_captions < 1:
+        raise UsageError(f"evaluate: --tagging-captions {args.tagging_captions}: give 1 or more captions per photo.")
+    bad_ks = [k for k in args.ks or [] if k < 1]
+    if bad_ks:
+        raise UsageError(f"evaluate: --ks {' '.join(map(str, args.ks))}: every cut-off must be 1 or more.")
+
+
+def _evaluate(args):
+    _check_evaluate_arguments(args)
     cfg = alignment_config(args.config) if args.config else {"data": {}, "export_path": None}
     transform_path = args.transform or cfg["export_path"]
     if not transform_path:

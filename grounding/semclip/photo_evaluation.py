@@ -287,6 +287,67 @@ def _tightness(vectors: torch.Tensor, queries: Sequence[NounQuery]) -> dict[str,
     return {"synonym_cosine": syn, "other_noun_cosine": other, "margin": syn - other}
 
 
+def _check_bank_protocol(bank: str, distractors: PhotoSplit | None) -> None:
+    """A known bank protocol; distractor photos only under ``tagging`` (the other protocol's bank may hold their
+    own captions)."""
+    if bank not in BANK_PROTOCOLS:
+        raise ValueError(f"bank {bank!r}: give one of {BANK_PROTOCOLS}")
+    if distractors is not None and bank != "tagging":
+        raise ValueError("distractor photos need bank 'tagging': under 'other-images' the bank is the alignment "
+                         "captions, which may be the distractors' own")
+
+
+def _store_bank(vlm, tagging: TaggingSplit | None, pairs: dict | None, words: list[str],
+                dim: int) -> tuple[list[str], torch.Tensor]:
+    """The captions of the store's text bank (§4: the photos' tagging captions, or the alignment captions) and the
+    VLM embeddings of the whole bank, those captions then the query ``words`` (``dim``: the VLM's text width)."""
+    if tagging:
+        bank_captions = [c for cs in tagging.tags for c in cs]
+        bank_caption_vlm = vlm.encode_text(bank_captions).float()
+    else:
+        bank_captions = list(pairs["captions"]) if pairs is not None else []
+        bank_caption_vlm = pairs["vlm_text"].float() if pairs is not None else torch.empty(0, dim)
+    return bank_captions, torch.cat([bank_caption_vlm, vlm.encode_text(words).float()])
+
+
+def _bank_targets(targets: CaptionTargets, tagging: TaggingSplit | None, pairs: dict | None, bank_captions: list[str],
+                  words: list[str], dim: int) -> torch.Tensor:
+    """Each bank text's own STE target (zeros where it has none): what a perfect Γ_t would give on the bank, for the
+    exact-target reference (the alignment captions' targets come cached with their pairs)."""
+    word_targets, word_kept = targets(words)
+    bank_targets = torch.zeros(len(bank_captions) + len(words), dim)
+    if tagging:
+        tag_targets, tag_kept = targets(bank_captions)
+        bank_targets[torch.nonzero(tag_kept).squeeze(1)] = tag_targets
+    else:
+        bank_targets[:len(pairs["targets"])] = pairs["targets"].float()
+    bank_targets[len(bank_captions) + torch.nonzero(word_kept).squeeze(1)] = word_targets
+    return bank_targets
+
+
+def _gamma_t_cost(units: dict[str, dict], query_modes: Sequence[str], n_resamples: int, confidence: float,
+                  seed: int) -> dict | None:
+    """SemCLIP (first query mode) − the same store with exact targets on t2i NDCG@10, paired: what Γ_t's error costs
+    (None without the exact-target reference or a SemCLIP system)."""
+    if not (EXACT_TARGETS in units and query_modes):
+        return None
+    m, semclip = "t2i ndcg@10", method_name(query_modes[0])
+    b = bootstrap_means(np.stack([units[EXACT_TARGETS][m][0], units[semclip][m][0]]), units[semclip][m][1],
+                        n_resamples, confidence, seed)
+    return {"metric": m, "system": semclip, "diff": float(b["diff"][1]), "diff_low": float(b["diff_low"][1]),
+            "diff_high": float(b["diff_high"][1])}
+
+
+def _own_tagging_caption_rate(tagging: TaggingSplit, nearest: torch.Tensor, n_bank_captions: int,
+                              n_eval: int) -> dict[str, float]:
+    """How often a photo's nearest bank text (Eq. 7) is its own tagging caption, over the evaluated photos and over
+    the whole store."""
+    tag_photo = torch.tensor([i for i, _ in tagging.tag_index])
+    own_tag = (nearest < n_bank_captions) & (tag_photo[nearest.clamp(max=n_bank_captions - 1)]
+                                             == torch.arange(len(nearest)))
+    return {"evaluated": float(own_tag[:n_eval].float().mean()), "store": float(own_tag.float().mean())}
+
+
 @torch.no_grad()
 def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None = None,
                     train_idx: torch.Tensor | None = None, val_idx: torch.Tensor | None = None,
@@ -311,11 +372,7 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
     ``split``'s nouns and image→text is scored over ``split``'s photos."""
     t0 = time.perf_counter()
     wn = wn or wordnet()
-    if bank not in BANK_PROTOCOLS:
-        raise ValueError(f"bank {bank!r}: give one of {BANK_PROTOCOLS}")
-    if distractors is not None and bank != "tagging":
-        raise ValueError("distractor photos need bank 'tagging': under 'other-images' the bank is the alignment "
-                         "captions, which may be the distractors' own")
+    _check_bank_protocol(bank, distractors)
     n_eval = len(split.paths)
     store = split if distractors is None else PhotoSplit(split.paths + distractors.paths,
                                                          split.captions + distractors.captions, split.name)
@@ -334,14 +391,8 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
 
     words = list(dict.fromkeys(q.word for q in queries))  # the base noun vocabulary of the store's bank
     targets = CaptionTargets(ste, wn, lexical=lexical)
-    if tagging:
-        bank_captions = [c for cs in tagging.tags for c in cs]
-        bank_caption_vlm = vlm.encode_text(bank_captions).float()
-    else:
-        bank_captions = list(pairs["captions"]) if pairs is not None else []
-        bank_caption_vlm = pairs["vlm_text"].float() if pairs is not None else torch.empty(0, query_vlm.shape[1])
+    bank_captions, bank_vlm = _store_bank(vlm, tagging, pairs, words, query_vlm.shape[1])
     bank_texts = bank_captions + words
-    bank_vlm = torch.cat([bank_caption_vlm, vlm.encode_text(words).float()])
     systems = system_scores(vlm, transform, ste, image_vlm, texts, query_vlm, bank_texts, bank_vlm, query_modes,
                             targets=targets, ids=[p.name for p in store.paths], image_neighbours=image_neighbours)
 
@@ -356,27 +407,14 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
     if nearest is not None:
         reference["VLM, images as their nearest bank text (Eq. 7 in VLM space)"] = cosine(query_vlm, bank_vlm[nearest])
         if pairs is not None or tagging:  # Eq. 7 with a perfect Γ_t on the bank: each photo its nearest text's target
-            word_targets, word_kept = targets(words)
-            bank_targets = torch.zeros(len(bank_texts), cap_targets.shape[1])
-            if tagging:
-                tag_targets, tag_kept = targets(bank_captions)
-                bank_targets[torch.nonzero(tag_kept).squeeze(1)] = tag_targets
-            else:
-                bank_targets[:len(pairs["targets"])] = pairs["targets"].float()
-            bank_targets[len(bank_captions) + torch.nonzero(word_kept).squeeze(1)] = word_targets
+            bank_targets = _bank_targets(targets, tagging, pairs, bank_captions, words, cap_targets.shape[1])
             near = nearest_texts(image_vlm.float(), bank_vlm, image_neighbours)  # as the store's Eq. 7
             reference[EXACT_TARGETS] = cosine(ste_query, bank_targets[near].mean(1))
 
     units = {name: _metric_units(s, queries, relevant, ks, n_eval) for name, (s, _) in systems.items()}
     units |= {name: _metric_units(s, queries, relevant, ks, n_eval) for name, s in reference.items()}
     table = _bootstrap_table(units, n_resamples, confidence, seed)
-    gamma_cost = None
-    if EXACT_TARGETS in units and query_modes:  # SemCLIP − the same store with exact targets, paired: what Γ_t's error costs
-        m, semclip = "t2i ndcg@10", method_name(query_modes[0])
-        b = bootstrap_means(np.stack([units[EXACT_TARGETS][m][0], units[semclip][m][0]]), units[semclip][m][1],
-                            n_resamples, confidence, seed)
-        gamma_cost = {"metric": m, "system": semclip, "diff": float(b["diff"][1]), "diff_low": float(b["diff_low"][1]),
-                      "diff_high": float(b["diff_high"][1])}
+    gamma_cost = _gamma_t_cost(units, query_modes, n_resamples, confidence, seed)
 
     pairs_idx = synonym_pairs(queries)
     per_pair = {name: [[queries[a].word, queries[b].word, *(float(units[name][f"overlap@{k}"][0][i]) for k in ks)]
@@ -389,11 +427,8 @@ def evaluate_photos(vlm, transform, ste, split: PhotoSplit, pairs: dict | None =
                                train_idx, val_idx, wn, ks)
     diagnostics["gamma_t_cost"] = gamma_cost
     if tagging and nearest is not None and nearest.dim() == 1:  # Eq. 7 at its best picks the photo's own tagging caption
-        tag_photo = torch.tensor([i for i, _ in tagging.tag_index])
-        own_tag = (nearest < len(bank_captions)) & (tag_photo[nearest.clamp(max=len(bank_captions) - 1)]
-                                                    == torch.arange(len(nearest)))
-        diagnostics["nearest_is_own_tagging_caption"] = {"evaluated": float(own_tag[:n_eval].float().mean()),
-                                                         "store": float(own_tag.float().mean())}
+        diagnostics["nearest_is_own_tagging_caption"] = _own_tagging_caption_rate(tagging, nearest, len(bank_captions),
+                                                                                  n_eval)
     return {"split": split.name, "n_images": n_eval, "n_store_images": len(store.paths),
             "n_distractors": len(store.paths) - n_eval, "bank": bank,
             "tagging_captions": tagging_captions if tagging else None,

@@ -68,11 +68,15 @@ def _load_pixels(items: list, transform) -> torch.Tensor:
 
 
 def _run_config(ckpt: Path) -> dict:
-    """The ``data.init_args`` of the LightningCLI run that wrote ``ckpt`` (``<run>/config.yaml``), if any."""
+    """The ``data.init_args`` of the LightningCLI run that wrote ``ckpt`` (``<run>/config.yaml``), if any, with its
+    ``transform`` group's fields (``image_size``, ``resize_size``, ``mean``, ``std``) beside the others: a run recorded
+    before the group holds them there already."""
     for cfg in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
         if cfg.is_file():
             data = (yaml.safe_load(cfg.read_text()) or {}).get("data") or {}
-            return dict(data.get("init_args") or {})
+            init = dict(data.get("init_args") or {})
+            transform = init.pop("transform", None)
+            return {**init, **(transform if isinstance(transform, dict) else {})}
     return {}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -36,6 +37,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
+            if not tmp.is_dir():  # a file never replaces a folder (and all it holds)
+                raise IsADirectoryError(errno.EISDIR, "is a folder; a file cannot replace it", str(path))
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
@@ -44,6 +47,19 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         elif tmp.exists():
             tmp.unlink()
         raise
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries :func:`atomic_path` left in ``folder`` when its process was killed mid-write (call only
+    where no other process writes, e.g. under a run folder's lock). Returns what was removed."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp*"):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

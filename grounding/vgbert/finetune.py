@@ -14,7 +14,9 @@ the checkpoint's hyperparameters. Metrics on val/test: relation top-1 / top-10 a
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +25,31 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from grounding.checkpoints import load_submodules, read_checkpoint
 from grounding.lightning import GroundingModule, LRSchedulerCallable, OptimizerCallable, default_optimizer
+from grounding.nets import check_choices
 from grounding.vgbert.relational import LOSS_NORMALISATION, VGBertRelational, relational_losses
+
+DROP_LOSS = ("none", "rel", "obj", "aux")  # Table 5's rows: every term, or one left out
+
+
+@dataclass(frozen=True)
+class RelationalLosses:
+    """Stage 2's objective, paper values in brackets: temperature tau [1.0]; ``use_loss_rel`` / ``use_loss_obj`` /
+    ``use_object_loss``: Loss_rel, Loss_obj and the auxiliary object cross-entropy [all; Table 5 switches one off];
+    ``mask_same_pair``: a pair's other annotated predicates are not its negatives [True]; ``drop_loss`` (``none`` |
+    ``rel`` | ``obj`` | ``aux``: one Table 5 row, for sweeps; it turns off the term it names); ``loss_normalisation``
+    [``image``: each term summed over the batch's triplets / objects and divided by its images, as the official
+    traintest.py (stage2_paper.yaml); ``triplet`` (default, the recorded world runs): averaged over them]."""
+
+    temperature: float = 1.0
+    use_loss_rel: bool = True
+    use_loss_obj: bool = True
+    use_object_loss: bool = True
+    mask_same_pair: bool = True
+    drop_loss: str = "none"
+    loss_normalisation: Literal["triplet", "image"] = "triplet"
+
+    def __post_init__(self):
+        check_choices(self, "losses.", drop_loss=DROP_LOSS, loss_normalisation=LOSS_NORMALISATION)
 
 
 class RelationalFinetune(GroundingModule):
@@ -40,13 +66,9 @@ class RelationalFinetune(GroundingModule):
     num_relations / num_object_classes and this module's relation_labels / object_classes come from
     the DataModule (linked by the CLI).
 
-    Training options: init_from [a stage-1 checkpoint; None trains from the pretrained encoders],
-    temperature tau [1.0], use_loss_rel / use_loss_obj / use_object_loss [all; Table 5 switches one
-    off], mask_same_pair (a pair's other annotated predicates are not its negatives) [True],
-    drop_loss ("none" | "rel" | "obj" | "aux": one Table 5 row, for sweeps; overrides the use_*
-    switches), loss_normalisation ["image": each term summed over the batch's triplets / objects and
-    divided by its images, as the official traintest.py (stage2_paper.yaml); "triplet" (default, the
-    recorded world runs): averaged over them], top_k [(1, 10)], feature_cache [True].
+    Training options: init_from [a stage-1 checkpoint; None trains from the pretrained encoders], losses (the
+    temperature, the loss terms and their normalisation: :class:`RelationalLosses`), top_k [(1, 10)],
+    feature_cache [True].
     """
 
     monitor = "val/relation_top1"
@@ -55,32 +77,26 @@ class RelationalFinetune(GroundingModule):
     init_from_checkpoint = ("stage-1", ("model.visual.", "model.language."))
 
     def __init__(self, net: VGBertRelational, relation_labels: list[str], object_classes: list[str],
-                 init_from: str | None = None, temperature: float = 1.0, use_loss_rel: bool = True,
-                 use_loss_obj: bool = True, use_object_loss: bool = True, mask_same_pair: bool = True,
-                 drop_loss: str = "none", loss_normalisation: Literal["triplet", "image"] = "triplet", top_k: tuple[int, ...] = (1, 10),
-                 feature_cache: bool = True,
-                 feature_cache_dir: str | None = None, optimizer: OptimizerCallable = default_optimizer,
-                 lr_scheduler: LRSchedulerCallable | None = None):
+                 init_from: str | None = None, losses: RelationalLosses = RelationalLosses(),
+                 top_k: tuple[int, ...] = (1, 10), feature_cache: bool = True, feature_cache_dir: str | None = None,
+                 optimizer: OptimizerCallable = default_optimizer, lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__(optimizer, lr_scheduler)
-        ablations = {"none": (), "rel": ("use_loss_rel",), "obj": ("use_loss_obj",), "aux": ("use_object_loss",)}
-        if drop_loss not in ablations:
-            raise ValueError(f"drop_loss must be one of {sorted(ablations)} (Table 5 rows); got {drop_loss!r}")
-        use_loss_rel = use_loss_rel and drop_loss != "rel"
-        use_loss_obj = use_loss_obj and drop_loss != "obj"
-        use_object_loss = use_object_loss and drop_loss != "aux"
-        if not (use_loss_rel or use_loss_obj or use_object_loss):
+        # the terms trained: the use_* switches less the one drop_loss names (recorded so, as the checkpoint trained)
+        losses = dataclasses.replace(losses, use_loss_rel=losses.use_loss_rel and losses.drop_loss != "rel",
+                                     use_loss_obj=losses.use_loss_obj and losses.drop_loss != "obj",
+                                     use_object_loss=losses.use_object_loss and losses.drop_loss != "aux")
+        if not (losses.use_loss_rel or losses.use_loss_obj or losses.use_object_loss):
             raise ValueError("use_loss_rel, use_loss_obj and use_object_loss are all False: enable at least one.")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0; got {temperature}")
-        if loss_normalisation not in LOSS_NORMALISATION:
-            raise ValueError(f"loss_normalisation must be one of {LOSS_NORMALISATION}; got {loss_normalisation!r}")
+        if losses.temperature <= 0:
+            raise ValueError(f"losses.temperature must be > 0; got {losses.temperature}")
         if relation_labels is None or object_classes is None or len(relation_labels) < 2 or len(object_classes) < 2:
             raise ValueError("RelationalFinetune needs at least 2 relation labels and 2 object classes; got "
                              f"{relation_labels!r} / {object_classes!r}. The CLI links them from a "
                              "VisualGenomeDataModule; check its label mapping / data.")
         self.save_hyperparameters(ignore=["net", "optimizer", "lr_scheduler"])
-        self.hparams.update(use_loss_rel=use_loss_rel, use_loss_obj=use_loss_obj, use_object_loss=use_object_loss,
-                            relation_labels=list(relation_labels), object_classes=list(object_classes))
+        self.losses = losses
+        self.hparams.update(losses=dataclasses.asdict(losses), relation_labels=list(relation_labels),
+                            object_classes=list(object_classes))
         self.model = self.adopt_net(net)
         sizes = (self.model.init_args["num_relations"], self.model.init_args["num_object_classes"])
         if sizes != (len(relation_labels), len(object_classes)):
@@ -126,7 +142,7 @@ class RelationalFinetune(GroundingModule):
 
     # ------------------------------------------------------------------ steps
     def _losses(self, batch, out):
-        h = self.hparams
+        h = self.losses
         return relational_losses(out["relation_scores"], out["object_logits"], batch["triplet_subject"],
                                  batch["triplet_object"], batch["triplet_predicate"], batch["object_labels"],
                                  h.temperature, h.use_loss_rel, h.use_loss_obj, h.use_object_loss, h.mask_same_pair,

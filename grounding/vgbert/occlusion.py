@@ -110,12 +110,13 @@ def predicted(model, images: torch.Tensor, batch_size: int) -> torch.Tensor:
 
 
 def run_resize_size(ckpt: Path, image_size: int) -> int:
-    """The DataModule's resize_size of the run that wrote ``ckpt`` (its folder's config.yaml), else ImageNet's ratio."""
+    """The DataModule's resize_size of the run that wrote ``ckpt`` (its folder's config.yaml: ``transform.resize_size``,
+    or ``resize_size`` in a run recorded before the group), else ImageNet's ratio."""
     config = ckpt.resolve().parent.parent / "config.yaml"
     try:
         data = yaml.safe_load(config.read_text(encoding="utf-8"))["data"]["init_args"]
-        return int(data["resize_size"])
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return int((data.get("transform") or {}).get("resize_size") or data["resize_size"])
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, yaml.YAMLError):
         return image_size * 256 // 224
 
 
