@@ -122,7 +122,7 @@ test-full: install explore-install  ## every test, the slow end-to-end fits incl
 	  apt-get install -y -q chromium >/dev/null 2>&1 || echo "no chromium: the explorer's browser test will skip"; fi
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-# The retrieval explorer (issue 31): a local page on 127.0.0.1 over a leaderboard YAML's test set and models
+# The retrieval explorer: a local page on 127.0.0.1 over a leaderboard YAML's test set and models
 # (make demo first for the world's; EXPLORE_CONFIG=experiments/leaderboard/flickr8k_full.yaml for the real photos).
 EXPLORE_CONFIG ?= experiments/leaderboard/world.yaml
 EXPLORE_ARGS ?=
@@ -135,6 +135,15 @@ explore: explore-install  ## the retrieval explorer on http://127.0.0.1:7860 (EX
 
 lint: install  ## ruff over the repository (tests/test_lint.py checks the same)
 	$(PY) -m ruff check .
+
+# The docs' tables from their records (docs/records/<name>.json, written by the commands that measured them): every
+# `<!-- table: NAME ... -->` ... `<!-- /table -->` pair in README.md and docs/**/*.md is rendered again (a second run
+# changes nothing); DOCS_TABLES_ARGS=--check changes nothing and fails on a stale table or an unpublished record
+# (tests/test_docs_tables.py checks the same). Marker syntax and the record schema: grounding/docs_tables.py.
+DOCS_TABLES_ARGS ?=
+.PHONY: docs-tables
+docs-tables: install  ## render the docs' tables from docs/records/*.json between their markers (DOCS_TABLES_ARGS=--check: only compare)
+	$(PY) -m grounding.docs_tables $(DOCS_TABLES_ARGS)
 
 world: install  ## generate the embedded world (WORLD, WORLD_IMAGES, WORLD_SIZE, SEED)
 	$(PY) -m data_modules.synthetic --out $(WORLD) --images $(WORLD_IMAGES) --seed $(SEED) --size $(WORLD_SIZE)
@@ -236,7 +245,7 @@ evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silho
 	$(call made_first,$(call report_ckpts,$(EVALUATE_CONFIG)))
 	$(PY) -m grounding.semantic_space --config $(EVALUATE_CONFIG) --out reports/semantic_space $(EVALUATE_ARGS)
 
-# VG-BERT's semantic space on real photos (issue 29): stage 1 on all 6,000 Flickr8k training photos and on the 753 of
+# VG-BERT's semantic space on real photos: stage 1 on all 6,000 Flickr8k training photos and on the 753 of
 # the 1,000-photo subset (same photos' preprocessing; each fit first when missing, its dev-best checkpoint linked as
 # best.ckpt), then the report with paired bootstrap intervals against MiniLM.
 SEMANTIC_FLICKR8K_CONFIG ?= experiments/semantic_space/flickr8k_full.yaml
@@ -251,7 +260,7 @@ semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness
 	$(call link_best,$(SEMANTIC_FLICKR8K_SMALL))
 	$(PY) -m grounding.semantic_space --config $(SEMANTIC_FLICKR8K_CONFIG) $(EVALUATE_ARGS)
 
-# Issue 29's seeds: stage 1 on the 6,000 photos again with each seed of SEMANTIC_FLICKR8K_SEEDS
+# The semantic-space seeds: stage 1 on the 6,000 photos again with each seed of SEMANTIC_FLICKR8K_SEEDS
 # (outputs/vgbert/stage1_flickr8k_full_seed<N>, the folders the leaderboard's VG-BERT row averages; fit when missing,
 # ~45 min each on 2 idle CPU cores, 3-4x that beside other jobs), each seed's report against MiniLM (experiments/semantic_space/flickr8k_full_seed<N>.yaml),
 # then every measure's move as mean +- sd over the seeds, with each seed's paired interval
@@ -333,7 +342,7 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 	$(call world_for,$(VILBERT_MVSA_CONFIG))
 	$(call fit_and_test,$(VILBERT_MVSA_CONFIG),$(VILBERT_MVSA_OUT),$(VILBERT_MVSA_ARGS))
 
-# COMPOSER against ViLBERT-style and ViLBERT + MVSA on one schedule (issue 27): each model's <data> config
+# COMPOSER against ViLBERT-style and ViLBERT + MVSA on one schedule: each model's <data> config
 # (experiments/composer/<model>_<data>.yaml) fit per seed with train recall logged every epoch, then tested (every pair
 # scored); then the learning curves (PNG) and the test table (mean ± sd over seeds). A run with test metrics is kept.
 # `make composer-compare COMPARE_DATA=flickr8k` on the 753 real photos (hours on 2 CPU cores).
@@ -408,15 +417,16 @@ leaderboard-flickr8k: install  ## the leaderboard on the real Flickr8k test phot
 	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k_photos.yaml
 	$(PY) -m grounding.leaderboard --config experiments/leaderboard/flickr8k.yaml $(LEADERBOARD_ARGS)
 
-# The real benchmark (issue 28): every retrieval model trained on Flickr8k's 6,000 training photos, selected on the 1,000
+# The real benchmark: every retrieval model trained on Flickr8k's 6,000 training photos, selected on the 1,000
 # dev photos, tested on the 1,000 official test photos beside published results (reports/leaderboard/flickr8k_full).
 # Each model of FULL_TRAIN without a checkpoint is fit first (`python -m grounding fit --config <its _full config>`), and a
 # fit that stopped before its max_epochs resumes from its last.ckpt (a stopped run is never tested as trained);
 # the leaderboard tests them (cross-encoders rerank VSE's top 20). On 2 idle CPU cores: the feature cache ~6 min once,
 # the dual encoders ~25-40 min each, COMPOSER and ViLBERT-style ~1-1.5 h each, ViLBERT + MVSA ~3.4 h
 # (1,496 steps at about 7.1 s on idle cores with length_groups 8, measured in the fit: 214.7 wall min with a CI pause;
-# 3 cross-encoder passes per CRG concept; docs/results.md has the times). LEADERBOARD_ARGS=--graded: every model also on the
-# 16 graded splits of the MCD folder (Fig. 4 with every model: graded.{csv,json,png}; docs/leaderboard.md).
+# 3 cross-encoder passes per CRG concept; docs/results/speed.md#vilbert--mvsas-training-cost has the times).
+# LEADERBOARD_ARGS=--graded: every model also on the 16 graded splits of the MCD folder
+# (Fig. 4 with every model: graded.{csv,json,png}; docs/leaderboard.md).
 FULL_TRAIN ?= stage1 baseline baseline-unlocked vse composer vilbert vilbert-mvsa semclip
 # the models that train in under 30 min also run with these seeds (<out>_seed<N>; the table: mean ± sd)
 FULL_SEEDED ?= baseline baseline-unlocked vse
@@ -457,7 +467,7 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 	  $(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k_full.yaml
 	$(PY) -m grounding.leaderboard --config experiments/leaderboard/flickr8k_full.yaml $(LEADERBOARD_ARGS)
 
-# The scaling curve (issue 28): each model of SCALING_MODELS fit on seeded samples of 750 / 1,500 / 3,000 training photos
+# The scaling curve: each model of SCALING_MODELS fit on seeded samples of 750 / 1,500 / 3,000 training photos
 # (outputs/scaling/<model>/n<N>; the 6,000-photo point is the benchmark's own run), all tested on the 1,000 test
 # photos: rsum with 95 % intervals against training photos (reports/scaling/flickr8k_full/scaling.{md,csv,json,png}).
 # Cross-encoders (COMPOSER ViLBERT-style "ViLBERT + MVSA") rerank their first stage's run of the same size (it is
@@ -538,7 +548,7 @@ semclip-flickr8k: install  ## SemCLIP on Flickr8k photos: Γ_t from the Flickr8k
 	$(PY) -m grounding.semclip evaluate --config $(FLICKR8K_SEMCLIP_CONFIG) --transform $(FLICKR8K_SEMCLIP_OUT)/transform.pt \
 	  --photos ../shared/data/flickr8k --split $(FLICKR8K_SEMCLIP_SPLIT) --out $(FLICKR8K_SEMCLIP_REPORT) $(FLICKR8K_SEMCLIP_ARGS)
 
-# SemCLIP on the real benchmark (issue 29): Γ_t on each base VLM of SEMCLIP_FULL_VLMS (trained on the 6,000 training
+# SemCLIP on the real benchmark: Γ_t on each base VLM of SEMCLIP_FULL_VLMS (trained on the 6,000 training
 # photos, its dev-best checkpoint; fit first when missing), then Tables 3-4 on the 1,000 test photos for every
 # SEMCLIP_FULL_PROTOCOLS: tagging (§4: one caption of each photo in the bank, the others the labels), tagging+train
 # (the 6,000 training photos join the store with their tagging captions) and other-images (every caption a label, the

@@ -5,7 +5,7 @@
 1. Wu–Palmer: NLTK's ``Synset.wup_similarity`` vs the cached WordNetNounGraph (same numbers).
 2. STE step on the full noun vocabulary (batch 800, encoding 300): sparse embedding + SparseAdam
    vs a dense embedding with one Adam (the paper's plain setup).
-2b. STE fit time per epoch, the suite's path against the path before issue 16 (restated below: the
+2b. STE fit time per epoch, the suite's path against the earlier dense path (restated below: the
    dense B x C Y and Eq. 3 through log_softmax, nn.Embedding's sparse autograd + torch's SparseAdam,
    MKL GEMMs, 2000 validation anchors, the best checkpoint with optimizer state and the vocabulary
    pickled as a list): training steps interleaved old/new in one process (median), plus one
@@ -92,7 +92,7 @@ class _Clock:
 
 
 class _OldSTEPath:
-    """The STE fit's path before issue 16, restated: dense Y (B x C), Eq. 3 through log_softmax
+    """The STE fit's earlier dense path, restated: dense Y (B x C), Eq. 3 through log_softmax
     (multi_positive_contrastive_loss), nn.Embedding(sparse=True) autograd + torch.optim.SparseAdam,
     nn.Linear/ReLU (MKL sgemm), validation on 2000 anchors with torch matmul, the best checkpoint
     with optimizer state, the vocabulary pickled as a list."""

@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ import grounding.cli as grounding_cli  # noqa: E402
 from grounding.cli import build_stage  # noqa: E402
 from grounding.encoders import BERT_BASE_RANDOM, MissingWeightsError, load_text_encoder, load_visual_backbone  # noqa: E402
 from grounding.host_sync import SyncCounter  # noqa: E402
+from grounding.nets import class_of  # noqa: E402
 from grounding.paths import cache_dir  # noqa: E402
 from grounding.semclip.alignment import AlignmentTransform  # noqa: E402
 from grounding.semclip.alignment_training import SemCLIPAlignment  # noqa: E402
@@ -249,7 +251,10 @@ def check_config(row: Row, args, stand_ins: list[str]) -> dict:
             data["init_args"][key] = paper_data[key]
     if args.batch_size:
         data["init_args"]["batch_size"] = args.batch_size
-    data["init_args"].setdefault("loader", {})["num_workers"] = args.num_workers
+    if "num_workers" in inspect.signature(class_of(data["class_path"])).parameters:  # a DataModule without a loader group
+        data["init_args"]["num_workers"] = args.num_workers
+    else:
+        data["init_args"].setdefault("loader", {})["num_workers"] = args.num_workers
     net = model.get("init_args", {}).get("net", {}).get("init_args", {})
     if net.get("region_source") == "files":
         root = REPO / data["init_args"]["captions"]["init_args"]["root"]

@@ -185,6 +185,24 @@ def test_wrong_checkpoint_is_listed_not_served(board, tmp_path):
     assert name == "stage 1" and "is a checkpoint of" in reason and "GroundingPretrain" in reason
 
 
+def test_a_row_not_made_yet_shows_the_demos_checkpoint(board, tmp_path):
+    """`make demo` trains COMPOSER under outputs/composer/world, the world leaderboard's row reads `make
+    composer-compare`'s: until that exists the explorer shows the demo's (`demo_ckpt`) and says so."""
+    rows = yaml.safe_load(board["path"].read_text())
+    rows["models"] = [{"name": "COMPOSER", "config": board["configs"]["composer"], "ckpt": str(tmp_path / "none.ckpt"),
+                       "demo_ckpt": board["ckpts"]["composer"], "command": "make composer-compare"}]
+    path = tmp_path / "board.yaml"
+    path.write_text(yaml.safe_dump(rows))
+    said = []
+    explorer = load_explorer(str(path), log=said.append)
+    assert list(explorer.models) == ["COMPOSER"] and not explorer.report.missing
+    assert any("not made yet" in line and "showing" in line for line in said)
+    rows["models"][0]["demo_ckpt"] = str(tmp_path / "neither.ckpt")  # neither made: listed as not trained yet
+    path.write_text(yaml.safe_dump(rows))
+    explorer = load_explorer(str(path), log=said.append)
+    assert not explorer.models and [m[0] for m in explorer.report.missing] == ["COMPOSER"]
+
+
 def test_a_run_fit_with_overrides_is_rebuilt_from_its_own_config(board, tmp_path, monkeypatch):
     """A stage fit with a command-line override of its network (as `make stage3` gives the search heads their stage-2
     checkpoint) loads: the explorer builds it from the run's config.yaml, not from the row's config alone."""

@@ -215,7 +215,7 @@ class ViLBERT(RecordedNet):
     groups of similar text length (at least 16 pairs a group), each cut past its longest text. Padding is masked, so
     the scores and gradients are the same for less work: ℓ_MVSA's concept texts are 75 % padding in a Flickr8k
     batch, and with 8 groups ViLBERT + MVSA's losses take 0.51x the time, its training step 0.52x
-    (``make bench``; docs/results.md). 1 (the default): the pairs as given, padded as the batch, which replays
+    (docs/results/speed.md#vilbert--mvsas-training-cost). 1 (the default): the pairs as given, padded as the batch, which replays
     recorded runs' dropout draws.
     """
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -532,6 +532,10 @@ def _load_one(entry: ModelEntry, gallery: Gallery, workdir: str, models: list, m
         log(f"{entry.name}: not loaded (an ensemble of {', '.join(entry.ensemble)}: the explorer shows each member)")
         return
     gone = missing_files(entry)
+    if gone and entry.demo_ckpt and resolve_path(entry.demo_ckpt).is_file():
+        # the row's own run is not made yet, the demo's model of the same config is: shown, and said so
+        log(f"{entry.name}: {entry.ckpt} not made yet (`{entry.command}`); showing {entry.demo_ckpt}")
+        entry, gone = replace(entry, ckpt=entry.demo_ckpt, other_seeds=[]), []
     if gone:
         missing.append((entry.name, entry.command, gone))
         return

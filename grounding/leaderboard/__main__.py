@@ -2,7 +2,10 @@
 
 Tests every model of the leaderboard YAML on its test set and writes leaderboard.md / .csv / .json / .png to
 ``--out`` (default: the YAML's ``out``), printing the Markdown table; with ``--only``, the given models' rows
-replace theirs in the table already there. ``--graded``: every model also on the graded splits of compound
+replace theirs in the table already there (each row tested by this run carries the ``commit`` it was tested at).
+``--record NAME`` also writes the table as ``docs/records/NAME.json`` (a path: there), the record the docs render
+their table from (:mod:`grounding.docs_tables`; with ``--rewrite``, with the provenance leaderboard.json holds).
+``--graded``: every model also on the graded splits of compound
 divergence beside the compositional split (graded.csv / .json / .png: Fig. 4 with every model). Exit status 2 on a
 bad YAML, test set or argument, 1 when a model tested by this run failed (its row says why), 0 otherwise (skipped
 rows included).
@@ -11,9 +14,11 @@ rows included).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from grounding.docs_tables import PROVENANCE, DocsTableError, record_path
 from grounding.errors import user_errors_exit
 from grounding.leaderboard.board import (
     LeaderboardError,
@@ -25,6 +30,7 @@ from grounding.leaderboard.board import (
     table_rows,
     write_outputs,
 )
+from grounding.utils.provenance import source_commit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rewrite", action="store_true",
                    help="test nothing: rewrite the tables, plots and graded files from the leaderboard.json already in "
                         "the output folder (after a change to how they are written)")
+    p.add_argument("--record", metavar="NAME",
+                   help="also write the table with its provenance to docs/records/NAME.json (or this path ending in .json)")
     args = p.parse_args(argv)
     try:
+        record = record_path(args.record) if args.record else None
         board = load_leaderboard(args.config)
         check_output_folder(args.out or board.out, f"--out (or the `out` of {args.config})")
         if args.rewrite:
@@ -54,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (out / "leaderboard.json").is_file():
                 raise LeaderboardError(f"--rewrite: no {out / 'leaderboard.json'}; run the leaderboard first (it writes it)")
             rows = merge_rows([], out, board)
-            write_outputs(rows, board, out)
+            write_outputs(rows, board, out, record, recorded_provenance(out / "leaderboard.json", board.source))
             print(f"rewrote {out}/leaderboard.md, .csv, .json, .png and the graded files from its leaderboard.json",
                   file=sys.stderr)
             return 0
@@ -76,16 +85,29 @@ def main(argv: list[str] | None = None) -> int:
             raise LeaderboardError(f"--only {unknown[0]}: not a model of {args.config}; one of {sorted(names)}")
         rows = evaluate(board, args.only or None, log=lambda line: print(line, file=sys.stderr, flush=True),
                         graded=args.graded or args.graded_splits is not None, graded_splits_kept=args.graded_splits)
-    except LeaderboardError as e:
+    except (LeaderboardError, DocsTableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     failed = any(str(r.get("status", "")).startswith("error") for r in rows)  # this run's rows
+    commit = source_commit()
+    rows = [{**r, "commit": commit} for r in rows]  # an --only run's rows beside earlier rows keep their own commit
     if args.only:  # a partial run updates its rows of the table already there
         rows = merge_rows(rows, args.out or board.out, board)
-    out = write_outputs(rows, board, args.out)
+    out = write_outputs(rows, board, args.out, record)
     print(markdown_table(table_rows(rows, board), board.test_set), end="")
-    print(f"wrote {out}/leaderboard.md, .csv, .json and .png", file=sys.stderr)
+    print(f"wrote {out}/leaderboard.md, .csv, .json and .png" + (f"; the record {record}" if record else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def recorded_provenance(path: Path, source: str) -> dict:
+    """The provenance a leaderboard.json holds (what --rewrite keeps: the table was measured then, not now); null
+    for each key an older leaderboard.json lacks, its config the YAML."""
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        written = {}
+    keys = {k: written.get(k) if isinstance(written, dict) else None for k in PROVENANCE}
+    return {**keys, "config": keys["config"] or source or None}
 
 
 if __name__ == "__main__":

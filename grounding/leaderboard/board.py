@@ -72,6 +72,7 @@ from matplotlib.figure import Figure
 from grounding.checkpoints import checkpoint_class
 from grounding.cli import resolved_config, run_test_subcommand
 from grounding.composer.data import held_out_pair_mask
+from grounding.docs_tables import provenance, write_record
 from grounding.errors import UserInputError
 from grounding.leaderboard.graded import GradedSplitError, Selection, restrict, select, split_result, write_graded
 from grounding.leaderboard.splits import SplitEvalError, SplitFile, find_splits
@@ -91,13 +92,20 @@ from grounding.semclip.ste import STEEmbedding
 from grounding.semclip.store import QUERY_MODES, SemCLIPStore
 from grounding.semclip.vlm import load_vlm
 from grounding.stage_config import ConfigError
-from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_json, atomic_write_text, sha1_of_json
+from grounding.utils.io import atomic_path, atomic_write_csv, atomic_write_text, sha1_of_json
 
 COMPOSER_DATA = "grounding.composer.data.ComposerDataModule"
 RECALLS = ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "rsum")
 COLUMNS = ("model", "paper", "encoders", *RECALLS, "rsum_sd", "seeds", "rsum_low", "rsum_high", "t2i_medr", "i2t_medr", "first_stage",
            "compositional_r1", "train_minutes", "epochs", "params_m", "trainable_m", "ms_per_query", "status", "command",
            "ckpt")
+# the columns a docs table rendered from the leaderboard's record shows by default (each row keeps every key of
+# COLUMNS: a marker may select them; rsum_ci prints [rsum_low, rsum_high]) and their headers (grounding.docs_tables)
+RECORD_COLUMNS = ("model", *RECALLS, "rsum_sd", "rsum_ci", "compositional_r1")
+RECORD_LABELS = {"t2i_r1": "t2i R@1", "t2i_r5": "R@5", "t2i_r10": "R@10", "i2t_r1": "i2t R@1", "i2t_r5": "R@5",
+                 "i2t_r10": "R@10", "rsum_sd": "sd", "rsum_ci": "95 % CI", "t2i_medr": "medr t2i",
+                 "i2t_medr": "medr i2t", "first_stage": "first stage", "compositional_r1": "comp. R@1",
+                 "train_minutes": "train min", "params_m": "params M", "trainable_m": "trainable M", "ms_per_query": "ms/query"}
 BOOTSTRAP_RESAMPLES = 1000
 # a row's recalls and the stage's own logged test metrics agree to this (percent points; float32 logging)
 AGREEMENT = 1e-3
@@ -139,6 +147,7 @@ class ModelEntry:
     other_seeds: list[str] = field(default_factory=list)
     ensemble: list[str] = field(default_factory=list)
     weights: list[float] | None = None
+    demo_ckpt: str | None = None  # the explorer shows this checkpoint while ``ckpt`` is not made (``make demo``'s)
 
     def checkpoint(self) -> Path | None:
         """``ckpt`` resolved; a glob must match exactly one file (None when it matches none)."""
@@ -229,7 +238,8 @@ ROW_FIELDS = {"name": (str, "a string"), "command": (str, "a string (the command
               "semclip": (dict, "a mapping (vlm, transform, ste; optional query_mode, bank_images)"),
               "runs": (PATHS, "a list of run folders"), "other_seeds": (PATHS, "a list of checkpoint paths (globs allowed)"),
               "first_stage": (str, "another row's name"), "rerank_top_k": (int, "an integer >= 1"),
-              "ensemble": (PATHS, "a list of earlier rows' names"), "weights": (list, "a list of non-negative numbers")}
+              "ensemble": (PATHS, "a list of earlier rows' names"), "weights": (list, "a list of non-negative numbers"),
+              "demo_ckpt": (str, "a path (the checkpoint the explorer shows while ckpt is not made yet)")}
 SEMCLIP_FIELDS = ("vlm", "transform", "ste", "query_mode", "bank_images")
 
 
@@ -309,7 +319,7 @@ def load_leaderboard(path: str | Path) -> Leaderboard:
                            semclip=m.get("semclip"), runs=list(m.get("runs") or []),
                            encoders=str(m.get("encoders") or ""), first_stage=m.get("first_stage"),
                            rerank_top_k=m.get("rerank_top_k"), other_seeds=[str(c) for c in m.get("other_seeds") or []],
-                           ensemble=m.get("ensemble") or [], weights=m.get("weights"))
+                           ensemble=m.get("ensemble") or [], weights=m.get("weights"), demo_ckpt=m.get("demo_ckpt"))
         if entry.ensemble:
             _check_ensemble(entry, m, where)
             models.append(entry)
@@ -1013,8 +1023,13 @@ def check_output_folder(out: str | Path, where: str) -> Path:
     return out
 
 
-def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None = None) -> Path:
-    """``leaderboard.md``, ``leaderboard.csv``, ``leaderboard.json`` and ``leaderboard.png`` (each atomically)."""
+def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None = None, record: str | Path | None = None,
+                  provenance_keys: dict | None = None) -> Path:
+    """``leaderboard.md``, ``leaderboard.csv``, ``leaderboard.json`` and ``leaderboard.png`` (each atomically).
+    ``leaderboard.json`` is a record of :mod:`grounding.docs_tables`: ``provenance_keys`` (default: this process's
+    command, commit, date and machine; the YAML as its config) and the table; ``record``: a path the same record is
+    also written to (``docs/records/<name>.json``: the docs render their table from it), each row without its
+    graded results."""
     out = Path(out or board.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [_finite(r) for r in table_rows(rows, board)]
@@ -1022,8 +1037,11 @@ def write_outputs(rows: list[dict], board: Leaderboard, out: str | Path | None =
     md = markdown_table(rows, board.test_set)
     atomic_write_text(out / "leaderboard.md", f"# {title}\n\nFrom `{board.source}`.\n\n{md}")
     atomic_write_csv(out / "leaderboard.csv", rows, COLUMNS)
-    atomic_write_json(out / "leaderboard.json", {"source": board.source, "test_set": vars(board.test_set),
-                                                 "columns": list(COLUMNS), "rows": rows}, indent=2)
+    keys = provenance_keys if provenance_keys is not None else provenance(config=board.source or None)
+    extra = {"title": title, "source": board.source, "test_set": vars(board.test_set), "labels": RECORD_LABELS}
+    write_record(out / "leaderboard.json", RECORD_COLUMNS, rows, keys, **extra)
+    if record is not None:
+        write_record(record, RECORD_COLUMNS, [{k: v for k, v in r.items() if k != "graded"} for r in rows], keys, **extra)
     plot_bars(rows, out / "leaderboard.png", title)
     write_graded(rows, out, f"{title}: text→image R@1 against compound divergence (Fig. 4, every model)",
                  {"source": board.source, "test_set": vars(board.test_set)})
