@@ -231,6 +231,21 @@ stage3: install  ## VG-BERT multimodal search heads from the best stage-2 checkp
 	$(PY) -m grounding.vgbert.image_search --ckpt $(STAGE3_OUT)/checkpoints/last.ckpt --images $(SEARCH_IMAGES) \
 	  --query-image $(SEARCH_QUERY_IMAGE) --query-text "$(SEARCH_QUERY_TEXT)" --grid $(STAGE3_OUT)/search_grid.png
 
+# VG-BERT's GLUE probe (App. B.6, Table 12): the text encoder frozen, one pooling layer shared by all tasks and a linear
+# head per task trained jointly; each task's metric and the GLUE average on the dev sets (GLUE's test labels are not
+# public). MiniLM on ../shared/data/glue by default (its token states are computed once, then cached); a VG-BERT
+# language stream: GLUE_ARGS="--model.init_args.init_from outputs/vgbert/stage1_paper/checkpoints/best.ckpt
+# --model.init_args.net.init_args.text_encoder bert-base-uncased" GLUE_OUT=outputs/glue/stage1_paper; a seconds-long
+# smoke run: GLUE_CONFIG=experiments/glue/tiny.yaml GLUE_OUT=outputs/glue/tiny.
+GLUE_CONFIG ?= experiments/glue/minilm.yaml
+GLUE_OUT ?= outputs/glue/minilm
+GLUE_ARGS ?=
+.PHONY: glue
+glue: install  ## VG-BERT's GLUE probe (Table 12) of MiniLM on ../shared/data/glue: fit the shared pooler + task heads, then test on the dev sets
+	$(CLI) fit --config $(GLUE_CONFIG) --trainer.default_root_dir $(GLUE_OUT) $(GLUE_ARGS)
+	$(call link_best,$(GLUE_OUT))
+	$(CLI) test --config $(GLUE_CONFIG) --trainer.default_root_dir $(GLUE_OUT) --ckpt_path $(GLUE_OUT)/checkpoints/best.ckpt $(GLUE_ARGS)
+
 crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)
 	$(call world_for,$(CAPTIONS))
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND))

@@ -1,5 +1,5 @@
 """LightningDataModules of the suite: COCO captions, Flickr30K / Flickr8k, Visual Genome, the WordNet
-similarity lists and ImageNet-style class folders, plus the embedded world generator (``python -m
+similarity lists, ImageNet-style class folders and GLUE's tasks, plus the embedded world generator (``python -m
 data_modules.synthetic``) and its object crops (``python -m data_modules.object_crops``). Data sits
 below the models: this package imports only the suite's core (``grounding/*.py``, ``grounding/utils``);
 what needs a model (SemCLIP's VLM-embedded alignment pairs) lives in ``grounding.semclip``.
@@ -22,11 +22,12 @@ _EXPORTS = {
     "VocabularyLabelMapping": "visual_genome",
     "CleanedVGLabelMapping": "vg_cleaning",
     "SimilarityListsDataModule": "similarity_lists",
+    "GlueDataModule": "glue",
     "ImageFolderDataModule": "image_folder", "ImageFolderDataset": "image_folder",
 }
 __all__ = sorted(_EXPORTS)
 # Modules holding LightningDataModules: imported by the CLI so classes resolve by short name.
-DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists", "image_folder")
+DATAMODULE_MODULES = ("coco", "flickr", "visual_genome", "similarity_lists", "image_folder", "glue")
 
 
 def __getattr__(name: str):

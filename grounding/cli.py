@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 # CLI is the top floor (tests/test_architecture.py), above every package it runs.
 import data_modules.coco  # noqa: F401, I001 - registers the DataModules
 import data_modules.flickr  # noqa: F401
+import data_modules.glue  # noqa: F401
 import data_modules.image_folder  # noqa: F401
 import data_modules.similarity_lists  # noqa: F401
 import data_modules.visual_genome  # noqa: F401

@@ -137,6 +137,10 @@ def offline_overrides(path, world, tmp_path):
         if regions.get("region_files"):  # detector regions as the paper's files: random ones for every image
             files = world_region_files(world, tmp_path / "regions", net_args["region_dim"])
             args.append(f"--data.init_args.region_inputs.region_files={files}")
+    if data_name == "GlueDataModule":  # the GLUE probe: a tiny generated glue_data folder, every task's layout
+        from glue_helpers import write_tiny_glue
+
+        args.append(f"--data.init_args.root={write_tiny_glue(tmp_path / 'glue')}")
     if data_name == "ImageFolderDataModule":  # VG-BERT stage 0: the world's object boxes as class folders
         from data_modules.object_crops import crop_objects
 

@@ -214,6 +214,15 @@ def test_a_run_fit_with_overrides_is_rebuilt_from_its_own_config(board, tmp_path
     path.write_text(yaml.safe_dump(rows))
     explorer = load_explorer(str(path), log=lambda line: None)
     assert not explorer.report.failed and explorer.models["dual, 24 wide"].images.shape[1] == 24
+    # a run recorded before the DataModules' options moved into groups (flat in its config.yaml) loads too
+    run_config = tmp_path / "run" / "config.yaml"
+    recorded = yaml.safe_load(run_config.read_text())
+    data = recorded["data"]["init_args"]
+    data["num_workers"] = data.pop("loader")["num_workers"]
+    data.update(data.pop("transform"))
+    run_config.write_text(yaml.safe_dump(recorded))
+    explorer = load_explorer(str(path), log=lambda line: None)
+    assert not explorer.report.failed and explorer.models["dual, 24 wide"].images.shape[1] == 24
 
 
 def test_a_long_inline_config_is_not_taken_for_a_file_name():

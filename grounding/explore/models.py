@@ -22,6 +22,7 @@ one backbone reads them once.
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 import time
@@ -44,7 +45,7 @@ from grounding.composer.vse_vilbert import VSETraining
 from grounding.errors import UserInputError
 from grounding.leaderboard.board import ModelEntry, TestSet, missing_files, reference_data
 from grounding.lexicon import wordnet
-from grounding.nets import class_of
+from grounding.nets import class_of, regrouped_config
 from grounding.paths import cache_dir, resolve_path
 from grounding.semclip.alignment import check_fitted_vlm, load_transform
 from grounding.semclip.ste import STEEmbedding
@@ -191,7 +192,9 @@ def _run_sections(ckpt: Path, cls: type) -> dict | None:
         return None
     if class_of(cfg["model"].get("class_path")) is not cls:
         return None
-    return {k: cfg[k] for k in ("model", "data") if isinstance(cfg.get(k), dict)}
+    sections = {k: cfg[k] for k in ("model", "data") if isinstance(cfg.get(k), dict)}
+    # a run recorded before options moved into groups holds them flat: given as they are now (plain YAML values)
+    return json.loads(json.dumps(regrouped_config(sections)))
 
 
 def _checked_module(entry: ModelEntry, workdir: str):
