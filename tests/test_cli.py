@@ -153,9 +153,9 @@ def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world,
 
     run("fit", "--trainer.max_epochs=1", "--ckpt_path=last")  # nothing to resume yet: a fresh fit, said so
     assert "starting a fresh fit" in capsys.readouterr().err
-    assert torch.load(last, weights_only=False)["global_step"] == 2
+    assert torch.load(last, weights_only=True)["global_step"] == 2
     run("fit", "--trainer.max_epochs=2", "--ckpt_path=last")  # resumes after epoch 0: epoch 1 only
-    ckpt = torch.load(last, weights_only=False)
+    ckpt = torch.load(last, weights_only=True)
     assert ckpt["epoch"] == 1 and ckpt["global_step"] == 4
     # one more epoch, not two from scratch: the run's record holds both segments
     segments = json.loads((tmp_path / "run" / "fit_record.json").read_text())["segments"]

@@ -119,7 +119,7 @@ def test_checkpoints_record_their_training_images_and_their_chain(chain):
     world = chain["world"]
     coco_train = key_set(_coco(world).image_keys("train"))
     vg_train = key_set(_vg(world).image_keys("train"))
-    s1 = torch.load(chain["stage1"], map_location="cpu", weights_only=False)[RECORD_KEY]
+    s1 = torch.load(chain["stage1"], map_location="cpu", weights_only=True)[RECORD_KEY]
     assert [e["depth"] for e in s1["entries"]] == [0]
     assert s1["entries"][0]["dataset"] == "COCO captions" and s1["entries"][0]["keys"].dtype == torch.int64
     assert np.array_equal(s1["entries"][0]["keys"].numpy(), coco_train)
@@ -199,7 +199,7 @@ def test_testing_a_checkpoint_checks_its_record(chain, tmp_path):
 
 def test_old_checkpoint_without_record_warns_once(chain, tmp_path):
     world = chain["world"]
-    ckpt = torch.load(chain["stage1"], map_location="cpu", weights_only=False)
+    ckpt = torch.load(chain["stage1"], map_location="cpu", weights_only=True)
     old = tmp_path / "old_stage1.ckpt"
     torch.save({"state_dict": ckpt["state_dict"], "hyper_parameters": ckpt["hyper_parameters"]}, old)
     dm = _vg(world, split_file=str(_overlapping_vg_split(world, tmp_path)))

@@ -269,7 +269,7 @@ def test_fit_record_agrees_with_last_ckpt_after_a_failed_save(tmp_path, monkeypa
     monkeypatch.setattr(trainer, "save_checkpoint", save)
     with pytest.raises(OSError, match="No space left"):
         trainer.fit(BoringModel())
-    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1  # epochs 0 and 1 were saved, epoch 2's save failed
     assert json.loads((tmp_path / FIT_RECORD).read_text())["epochs"] == saved["epoch"] + 1 == 2
 

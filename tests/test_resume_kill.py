@@ -58,7 +58,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, 
     every = ["--checkpoint_every_minutes", "1e-9"] if mid_epoch_saves else ["--checkpoint_every_minutes", "0"]
     crashed = _fit(config, killed, env, "--config", kill, *every)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    last = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)
+    last = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)
     if mid_epoch_saves:  # saved inside the killed epoch, with the loader's position
         assert (last["epoch"], last["global_step"]) == (KILL_EPOCH, KILL_EPOCH * BATCHES + KILL_BATCH)
         assert last["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": KILL_EPOCH, "batches": KILL_BATCH}]
@@ -73,7 +73,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny_world, 
     assert "not resumable" not in resumed.stderr  # Lightning's warning for a loader that cannot go on mid-epoch
     assert "the run that held it is gone" in resumed.stderr  # its stale lock was taken over
 
-    a, b = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=False) for d in (straight, killed))
+    a, b = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True) for d in (straight, killed))
     assert a["epoch"] == b["epoch"] == EPOCHS - 1 and a["global_step"] == b["global_step"]
     for key, value in a["state_dict"].items():
         assert torch.allclose(value, b["state_dict"][key], atol=1e-6), key

@@ -88,7 +88,7 @@ def test_a_second_vlm_reuses_the_caption_targets(semclip_inputs, tmp_path, monke
     second.cache_path().unlink()
     again = AlignmentPairsDataModule(vlm=other_vlm, **args).load_pairs()
     assert torch.equal(again["targets"], first_pairs["targets"])
-    assert torch.load(targets_file, weights_only=False)["captions"] == first_pairs["captions"]
+    assert torch.load(targets_file, weights_only=True)["captions"] == first_pairs["captions"]
 
 
 def test_caption_images_keep_only_the_listed_images_captions(semclip_inputs, tmp_path, monkeypatch):

@@ -285,7 +285,7 @@ def test_stage1_fit_starts_from_stage0(tmp_path, tiny_world, monkeypatch):
                                 max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     main(["fit", "--config", str(config), "--model.init_args.visual_init_from", str(tmp_path / "stage0.ckpt"),
           "--model.init_args.optimizer.init_args.lr", "1e-12"])
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     for key, value in stage0.state_dict().items():
         if key.startswith(("model.visual.attention.", "model.visual.embedder.", "model.visual.position")):
             torch.testing.assert_close(state[key], value, rtol=0, atol=1e-9, msg=key)
