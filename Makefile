@@ -172,6 +172,7 @@ gpu-check: install  ## every model trained a few steps at the papers' shapes on 
 bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores)
 	$(PY) benchmarks/bench_vgbert.py
 	$(PY) benchmarks/bench_text_stream.py
+	$(PY) benchmarks/bench_glue_probe.py
 	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
 	$(PY) benchmarks/bench_composer_model.py
 	$(PY) benchmarks/bench_cross_encoder_train.py
@@ -246,6 +247,41 @@ glue: install  ## VG-BERT's GLUE probe (Table 12) of MiniLM on ../shared/data/gl
 	$(call link_best,$(GLUE_OUT))
 	$(CLI) test --config $(GLUE_CONFIG) --trainer.default_root_dir $(GLUE_OUT) --ckpt_path $(GLUE_OUT)/checkpoints/best.ckpt $(GLUE_ARGS)
 
+# Table 12 on the data here: the GLUE probe of MiniLM as it ships and of the language streams grounded by stage 1 on
+# the 6,000 Flickr8k photos, on the 753 photos of the 1,000-photo subset and by the demo's stage 2 (relations, the
+# embedded world); a stage-1 run that is missing is fitted first (~45 min and ~6 min on 2 idle cores), the demo's
+# stages by their targets, and a probe whose test predictions are missing is run (each new encoder ~9 min of token
+# states, then its fit). Then the report: every dev metric with its 95 % interval, each grounded encoder minus MiniLM
+# paired over the same resamples, the paper's rows beside (GLUE_TABLE12_OUT: glue.md, .csv, glue_differences.png;
+# the record docs/records/GLUE_TABLE12_RECORD.json). GLUE_TABLE12_ENCODERS picks the encoders (MiniLM always first).
+GLUE_TABLE12_ENCODERS ?= full 753 demo
+GLUE_TABLE12_OUT ?= reports/glue/table12
+GLUE_TABLE12_RECORD ?= glue_table12
+glue_full_stage1 := outputs/vgbert/stage1_flickr8k_full
+glue_753_stage1 := outputs/vgbert/stage1_flickr8k_753
+# $(call fit_when_missing,RUN,CONFIG): fit CONFIG into RUN unless RUN has a best-*.ckpt; link it as best.ckpt
+fit_when_missing = ls $(1)/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "no checkpoint in $(1): fitting $(2)"; \
+  $(CLI) fit --config $(2) --trainer.default_root_dir $(1); }; $(call link_best,$(1))
+# $(call glue_probe_of,OUT,CHECKPOINT): make glue into OUT (the checkpoint's language stream; none: MiniLM) unless
+# OUT already holds its test predictions
+glue_probe_of = test -f $(1)/glue_predictions.test.csv || $(MAKE) --no-print-directory glue GLUE_OUT=$(1) \
+  GLUE_ARGS="$(if $(2),--model.init_args.init_from $(2)) $(GLUE_ARGS)"
+glue_table12_run = $(if $(filter full,$(1)),"Grounded (6,000 photos)=outputs/glue/stage1_flickr8k_full") \
+  $(if $(filter 753,$(1)),"Grounded (753 photos)=outputs/glue/stage1_flickr8k_753") \
+  $(if $(filter demo,$(1)),"Grounded + relations (demo stage 2)=outputs/glue/demo_stage2")
+.PHONY: glue-table12
+glue-table12: install  ## VG-BERT Table 12 here: GLUE probes of MiniLM and of stage 1 (6,000 / 753 Flickr8k photos) and the demo's stage 2, with paired intervals
+	@set -e; $(call glue_probe_of,outputs/glue/minilm,)
+	$(if $(filter full,$(GLUE_TABLE12_ENCODERS)),@set -e; $(call fit_when_missing,$(glue_full_stage1),experiments/vgbert/stage1_flickr8k_full.yaml); \
+	  $(call glue_probe_of,outputs/glue/stage1_flickr8k_full,$(glue_full_stage1)/checkpoints/best.ckpt))
+	$(if $(filter 753,$(GLUE_TABLE12_ENCODERS)),@set -e; $(call fit_when_missing,$(glue_753_stage1),experiments/vgbert/stage1_flickr8k_753.yaml); \
+	  $(call glue_probe_of,outputs/glue/stage1_flickr8k_753,$(glue_753_stage1)/checkpoints/best.ckpt))
+	$(if $(filter demo,$(GLUE_TABLE12_ENCODERS)),$(call made_first,$(STAGE2_OUT)/checkpoints/best.ckpt))
+	$(if $(filter demo,$(GLUE_TABLE12_ENCODERS)),@$(call glue_probe_of,outputs/glue/demo_stage2,$(STAGE2_OUT)/checkpoints/best.ckpt))
+	$(PY) -m grounding.vgbert.glue_report --run "MiniLM=outputs/glue/minilm" \
+	  $(foreach e,$(GLUE_TABLE12_ENCODERS),--run $(call glue_table12_run,$(e))) \
+	  --out $(GLUE_TABLE12_OUT) --record $(GLUE_TABLE12_RECORD)
+
 crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)
 	$(call world_for,$(CAPTIONS))
 	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND))
@@ -267,12 +303,8 @@ SEMANTIC_FLICKR8K_CONFIG ?= experiments/semantic_space/flickr8k_full.yaml
 SEMANTIC_FLICKR8K_STAGE1 ?= outputs/vgbert/stage1_flickr8k_full
 SEMANTIC_FLICKR8K_SMALL ?= outputs/vgbert/stage1_flickr8k_753
 semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness, categories, norms, word similarity) with paired intervals: MiniLM vs stage 1 grounded on 6,000 and on 753 Flickr8k photos
-	@set -e; for pair in "$(SEMANTIC_FLICKR8K_STAGE1) experiments/vgbert/stage1_flickr8k_full.yaml" \
-	  "$(SEMANTIC_FLICKR8K_SMALL) experiments/vgbert/stage1_flickr8k_753.yaml"; do set -- $$pair; \
-	  ls $$1/checkpoints/best-*.ckpt >/dev/null 2>&1 || { \
-	  echo "no stage-1 checkpoint in $$1: fitting $$2"; $(CLI) fit --config $$2 --trainer.default_root_dir $$1; }; done
-	$(call link_best,$(SEMANTIC_FLICKR8K_STAGE1))
-	$(call link_best,$(SEMANTIC_FLICKR8K_SMALL))
+	@set -e; $(call fit_when_missing,$(SEMANTIC_FLICKR8K_STAGE1),experiments/vgbert/stage1_flickr8k_full.yaml)
+	@set -e; $(call fit_when_missing,$(SEMANTIC_FLICKR8K_SMALL),experiments/vgbert/stage1_flickr8k_753.yaml)
 	$(PY) -m grounding.semantic_space --config $(SEMANTIC_FLICKR8K_CONFIG) $(EVALUATE_ARGS)
 
 # The semantic-space seeds: stage 1 on the 6,000 photos again with each seed of SEMANTIC_FLICKR8K_SEEDS
@@ -364,7 +396,9 @@ vilbert-mvsa: install  ## ViLBERT + MVSA (COMPOSER Table 5): the cross-encoder p
 # COMPARE_ARGS (e.g. a switch of the network for an ablation) go to both the fit and the test. A run with a
 # last.ckpt but no test resumes from it (a stopped comparison continues where it was). COMPARE_RECORD holds runs of
 # earlier machines: they join the table and are not refit (default: docs/records/composer_compare_<data>.json when it
-# exists, for the default COMPARE_OUT without COMPARE_ARGS); copy $(COMPARE_REPORT)/compare.json over it to keep new runs.
+# exists, for the default COMPARE_OUT without COMPARE_ARGS). COMPARE_RECORD_OUT (default: none, so the world's and the
+# demo's runs never rewrite docs/records) also writes the table with its provenance as a record (a NAME:
+# docs/records/NAME.json, or a path ending in .json; e.g. COMPARE_RECORD_OUT=composer_compare_flickr8k keeps new runs).
 COMPARE_MODELS ?= composer vilbert vilbert_mvsa
 COMPARE_SEEDS ?= 0 1
 COMPARE_DATA ?= world
@@ -374,6 +408,7 @@ COMPARE_OUT ?= outputs/composer/compare_$(COMPARE_DATA)
 COMPARE_REPORT ?= $(if $(filter outputs/%,$(COMPARE_OUT)),$(patsubst outputs/%,reports/%,$(COMPARE_OUT)),$(COMPARE_OUT)_report)
 COMPARE_ARGS ?=
 COMPARE_RECORD ?= $(if $(COMPARE_ARGS),,$(if $(filter outputs/composer/compare_$(COMPARE_DATA),$(COMPARE_OUT)),$(wildcard docs/records/composer_compare_$(COMPARE_DATA).json)))
+COMPARE_RECORD_OUT ?=
 # COMPARE_MCD: an MCD split file (Karpathy JSON) each run is also tested on, into <run>/compositional: its text→image
 # R@1 is the table's compositional column (on the world that column comes from the test captions naming a held-out
 # pair instead). Default on Flickr8k: the leaderboard's split of the dev + test photos, made first when missing.
@@ -410,7 +445,8 @@ composer-compare: install  ## COMPOSER vs ViLBERT-style vs ViLBERT + MVSA, same 
 	      --ckpt_path $$run/checkpoints/last.ckpt $(COMPARE_ARGS) $(MCD_TEST_ARGS); \
 	  fi; \
 	done; done
-	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT) $(addprefix --recorded ,$(COMPARE_RECORD))
+	$(PY) -m grounding.composer.compare --runs $(COMPARE_OUT) --out $(COMPARE_REPORT) $(addprefix --recorded ,$(COMPARE_RECORD)) \
+	  $(if $(COMPARE_RECORD_OUT),--record $(COMPARE_RECORD_OUT) $(foreach m,$(COMPARE_MODELS),--config experiments/composer/$(m)_$(COMPARE_DATA).yaml))
 
 # One leaderboard of every retrieval model on the world's test split (reports/leaderboard/world: .md, .csv, .json,
 # .png). The demo's models are made by `make demo` when missing, then VSE, then COMPOSER and its cross-encoder baselines
@@ -490,21 +526,26 @@ leaderboard-flickr8k-full: install  ## the real benchmark: every model on all of
 # first when missing). Each scaled fit evaluates dev at most 3 times, the last at its last epoch (on 750 photos one evaluation
 # of the 1,000 dev photos costs more than an epoch); SCALING_ARGS: e.g. --first-stage full, --validations V.
 # SCALING_RECORD: the committed rows of earlier runs (their commits kept), merged for every point this run does not
-# test, so the table and plot hold every model measured so far; copy a run's scaling.json over it to keep new rows.
+# test, so the table and plot hold every model measured so far. SCALING_RECORD_OUT (default: none) also writes the
+# table with its provenance as a record (a NAME: docs/records/NAME.json, or a path ending in .json): to keep new rows,
+# SCALING_RECORD_OUT=scaling_flickr8k_full; with scaling-plot, a record redrawn alone keeps its provenance (the record
+# rewritten from itself: make scaling-plot SCALING_RECORD_OUT=scaling_flickr8k_full).
 SCALING_MODELS ?= "CLIP-style dual encoder" VSE "VG-BERT stage 1"
 SCALING_PHOTOS ?= 750 1500 3000 6000
 SCALING_FIT_ARGS ?=
 SCALING_ARGS ?=
 SCALING_RECORD ?= docs/records/scaling_flickr8k_full.json
+SCALING_RECORD_OUT ?=
 scaling-flickr8k: install  ## rsum against training photos (750 / 1,500 / 3,000 / 6,000) on the 1,000 Flickr8k test photos (fits what is missing)
 	@case '$(SCALING_MODELS)' in *SemCLIP*) test -f outputs/semclip/ste_wordnet/embedding/vectors.npy || \
 	  $(MAKE) --no-print-directory ste STE_CONFIG=experiments/semclip/ste_wordnet.yaml STE_OUT=outputs/semclip/ste_wordnet;; esac
 	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --models $(SCALING_MODELS) \
-	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(if $(SCALING_RECORD),--recorded $(SCALING_RECORD)) $(SCALING_ARGS)
+	  --photos $(SCALING_PHOTOS) --fit --fit-args "$(SCALING_FIT_ARGS)" $(if $(SCALING_RECORD),--recorded $(SCALING_RECORD)) \
+	  $(if $(SCALING_RECORD_OUT),--record $(SCALING_RECORD_OUT)) $(SCALING_ARGS)
 
-scaling-plot: install  ## redraw the scaling table and plot from SCALING_RECORD alone (no fits, no tests)
+scaling-plot: install  ## redraw the scaling table and plot from SCALING_RECORD alone (no fits, no tests; SCALING_RECORD_OUT: the record too)
 	$(PY) -m grounding.leaderboard.scaling --config experiments/leaderboard/flickr8k_full.yaml --recorded $(SCALING_RECORD) \
-	  $(SCALING_ARGS)
+	  $(if $(SCALING_RECORD_OUT),--record $(SCALING_RECORD_OUT)) $(SCALING_ARGS)
 
 # COMPOSER on its MCD split and the graded splits (§5.1, Fig. 4): the world checkpoint of `make composer` tested
 # on every split of `make demo-composer`'s mcd_world (each made first when missing); table + plot in the report folder.

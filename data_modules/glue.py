@@ -22,7 +22,8 @@ share of the examples, jiant's ``proportional`` weighting):
 ``{"task": "mrpc", "eval_set": "mrpc", "input_ids": long (B, T), "attention_mask": long (B, T), "token_type_ids":
 long (B, T), "labels": long (B,) class ids or float (B,) STS-B scores in [0, 5], "rows": long (B,) rows of the file}``
 plus ``"states"`` float (B, T, d) when a token-state store is attached to the file (:attr:`GlueFile.states`: the
-frozen encoder's last hidden states, computed once by the probe; see grounding/vgbert/glue_probe.py).
+frozen encoder's last hidden states, computed once by the probe; see grounding/vgbert/glue_probe.py), or
+``"summary_states"`` float (B, d) when the store gives one vector an example (its mean state).
 """
 
 from __future__ import annotations
@@ -319,7 +320,9 @@ class GlueCollate:
         labels = torch.tensor([it["label"] for it in items], dtype=torch.float32 if regression else torch.long)
         batch = {"task": task, "eval_set": eval_set, "input_ids": ids, "attention_mask": mask, "token_type_ids": types,
                  "labels": labels, "rows": torch.tensor([it["row"] for it in items], dtype=torch.long)}
-        if "states" in items[0]:
+        if "states" in items[0] and np.ndim(items[0]["states"]) == 1:  # a summary of each example's states
+            batch["summary_states"] = torch.from_numpy(np.stack([it["states"] for it in items]).astype(np.float32))
+        elif "states" in items[0]:
             states = torch.zeros(len(items), width, items[0]["states"].shape[-1])
             for i, it in enumerate(items):
                 states[i, :len(it["states"])] = torch.from_numpy(np.asarray(it["states"], dtype=np.float32))

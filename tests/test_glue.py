@@ -155,11 +155,12 @@ def test_the_pooler_pools_the_real_tokens_only():
     assert torch.allclose(pooler(states, mask)[0], pooler.project(states[0, :2]).mean(0), atol=1e-6)
 
 
-def probe_fit(root, tmp_path, tasks, steps: int, init_from=None) -> tuple[GlueProbe, GlueDataModule]:
+def probe_fit(root, tmp_path, tasks, steps: int, init_from=None, summarise_states=True,
+              pool="mean") -> tuple[GlueProbe, GlueDataModule]:
     torch.manual_seed(0)
     dm = datamodule(root, tasks=tasks)
-    model = GlueProbe(GlueProbeNet("tiny-random", proj_dim=32, dropout=0.0, tasks=tasks), init_from=init_from,
-                      cache_dir=str(tmp_path / "states"),
+    model = GlueProbe(GlueProbeNet("tiny-random", proj_dim=32, pool=pool, dropout=0.0, tasks=tasks),
+                      init_from=init_from, cache_dir=str(tmp_path / "states"), summarise_states=summarise_states,
                       optimizer=lambda params: torch.optim.Adam(params, lr=1e-2))
     trainer = Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=str(tmp_path / "run"), num_sanity_val_steps=0,
@@ -188,7 +189,7 @@ def test_the_probe_learns_a_separable_task(tmp_path):
 
 
 def test_cached_states_are_the_encoders(tmp_path, glue_root):
-    model, dm = probe_fit(glue_root, tmp_path, ["MRPC"], steps=1)
+    model, dm = probe_fit(glue_root, tmp_path, ["MRPC"], steps=1, summarise_states=False)
     batch = next(iter(dm.train_dataloader()))
     direct = model.net.token_states(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     real = batch["attention_mask"].bool()
@@ -203,6 +204,44 @@ def test_cached_states_are_the_encoders(tmp_path, glue_root):
     model._encoder_sha1 = None
     model.attach_states(("train",))
     assert dm.split_files("train")[0].states.folder != folder
+
+
+@pytest.mark.parametrize("pool", ["mean", "first"])
+def test_summarised_states_give_the_token_states_probe(tmp_path, glue_root, pool):
+    """Pooling each example's cached states once (its mean or first state) and projecting that is the probe that
+    projects every token and pools: the same outputs on every batch, and the same after a step of training."""
+    model, dm = probe_fit(glue_root, tmp_path, ["MRPC", "STS-B"], steps=2, pool=pool)
+    assert model.net.pooler.summary == pool
+    model.eval()
+    for split in ("train", "test"):
+        model.attach_states((split,))
+        summarised = list(dm._loader(split, False))
+        model.hparams.summarise_states = False
+        model.attach_states((split,))
+        padded = list(dm._loader(split, False))
+        model.hparams.summarise_states = True
+        assert len(summarised) == len(padded) > 1
+        for a, b in zip(summarised, padded):
+            assert "summary_states" in a and "states" not in a and "states" in b and "summary_states" not in b
+            assert a["task"] == b["task"] and torch.equal(a["labels"], b["labels"])
+            with torch.no_grad():
+                assert torch.allclose(model.outputs(a), model.outputs(b), atol=1e-5)
+
+
+def test_summaries_are_the_mean_and_first_states_block_by_block(monkeypatch):
+    from grounding.vgbert import glue_probe
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([3, 1, 7, 2, 5, 4])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    states = rng.normal(size=(offsets[-1], 4)).astype(np.float16)
+    expected = np.stack([states[a:b].astype(np.float64).mean(0) for a, b in zip(offsets[:-1], offsets[1:])])
+    for rows in (1 << 16, 6, 1):  # one block; blocks of whole examples; an example longer than a block
+        monkeypatch.setattr(glue_probe, "SUMMARY_ROWS", rows)
+        assert np.allclose(glue_probe.summarise_states(states, offsets, "mean"), expected, atol=1e-6)
+    assert np.array_equal(glue_probe.summarise_states(states, offsets, "first"), states[offsets[:-1]].astype(np.float32))
+    with pytest.raises(ValueError, match="summary"):
+        glue_probe.TokenStates("x", summary="max")
 
 
 def test_init_from_probes_a_checkpoints_language_stream(tmp_path, glue_root):
@@ -261,3 +300,98 @@ def test_limits_keep_only_the_rows_used(glue_root):
     for i, row in enumerate(kept):
         assert all(np.array_equal(a, b) for a, b in zip(little.example(i), big.example(row)))
     assert little.labels.tolist() == big.labels[kept].tolist()
+
+
+# ---- the report (Table 12 with intervals) -------------------------------------------------------------------
+def test_resampled_metrics_are_task_metrics_on_each_resample():
+    from grounding.vgbert.glue_report import resampled_metric
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 60).astype(float)
+    predictions = np.stack([labels.copy(), rng.integers(0, 2, 60).astype(float)])
+    predictions[0, :9] = 1 - predictions[0, :9]
+    scores, targets = rng.normal(size=(2, 60)), rng.uniform(0, 5, 60)
+    idx = rng.integers(0, 60, size=(4, 60))
+    for task, preds, tgt in ((glue_task("CoLA"), predictions, labels), (glue_task("MRPC"), predictions, labels),
+                             (glue_task("STS-B"), scores, targets)):
+        for metric in task.metrics:
+            got = resampled_metric(metric, preds, tgt, idx)
+            for m in range(2):
+                for r in range(4):
+                    want = task_metrics(task, preds[m, idx[r]], tgt[idx[r]])[metric]
+                    assert got[m, r] == pytest.approx(want, abs=1e-9), (task.name, metric)
+    constant = np.zeros((1, 60))
+    assert resampled_metric("mcc", constant, labels, idx).tolist() == [[0.0] * 4]  # undefined: 0, as sklearn
+
+
+def write_predictions(folder, sets):
+    from grounding.utils.io import atomic_write_csv
+    from grounding.vgbert.glue_probe import PREDICTIONS_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"eval_set": name, "row": i, "prediction": float(p), "label": float(t)}
+            for name, (preds, labels) in sets.items() for i, (p, t) in enumerate(zip(preds, labels))]
+    atomic_write_csv(folder / PREDICTIONS_FILE, rows, ["eval_set", "row", "prediction", "label"], digits=6)
+    return folder
+
+
+def test_the_report_pairs_the_encoders_and_writes_its_record(tmp_path):
+    from grounding.docs_tables import validate_record
+    from grounding.vgbert.glue_report import main as report_main
+
+    rng = np.random.default_rng(0)
+    rte, cola = rng.integers(0, 2, 300), rng.integers(0, 2, 400)
+    stsb = rng.uniform(0, 5, 200)
+    good = {"rte": (rte, rte), "cola": (cola, cola), "stsb": (stsb + rng.normal(0, 0.5, 200), stsb)}
+    worse_rte = rte.copy()
+    worse_rte[:60] = 1 - worse_rte[:60]  # 20 % of RTE wrong: 100 -> 80
+    worse = {"rte": (worse_rte, rte), "cola": (cola, cola), "stsb": good["stsb"]}
+    a, b = write_predictions(tmp_path / "a", good), write_predictions(tmp_path / "b", worse)
+    record = tmp_path / "glue_test_record.json"
+    assert report_main(["--run", f"Before={a}", "--run", f"After={b}", "--out", str(tmp_path / "out"),
+                        "--resamples", "200", "--record", str(record)]) == 0
+    for name in ("glue.md", "glue.csv", "glue_differences.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    import json
+
+    data = json.loads(record.read_text())
+    validate_record(data, str(record))
+    rows = {r["measure"]: r for r in data["rows"]}
+    assert rows["rte acc"]["m0"] == 100.0 and rows["rte acc"]["d1"] == pytest.approx(-20.0)
+    assert rows["rte acc"]["d1_high"] < 0 and rows["rte acc"]["v1"] == "lower, as the paper"
+    assert rows["cola mcc"]["d1"] == rows["cola mcc"]["d1_low"] == rows["cola mcc"]["d1_high"] == 0.0  # paired
+    assert rows["cola mcc"]["v1"] == "no clear change (paper: lower)"
+    glue = next(r for m, r in rows.items() if m.startswith("GLUE average"))
+    assert glue["d1"] == pytest.approx(-20.0 / 3) and glue["paper_bert"] is None
+    paper = next(r for m, r in rows.items() if m.startswith("average of the paper"))
+    assert paper["paper_bert"] == pytest.approx((40.7 + 81.8 + 73.8) / 3)
+
+
+def test_the_report_refuses_runs_of_other_examples(tmp_path, capsys):
+    from grounding.vgbert.glue_report import main as report_main
+
+    labels = np.arange(10) % 2
+    a = write_predictions(tmp_path / "a", {"rte": (labels, labels)})
+    b = write_predictions(tmp_path / "b", {"rte": (labels, 1 - labels)})
+    c = write_predictions(tmp_path / "c", {"wnli": (labels, labels)})
+    for argv, expected in (([f"A={a}", f"B={b}"], "examples differ"), ([f"A={a}", f"C={c}"], "same tasks"),
+                           ([f"A={a}", f"D={tmp_path / 'none'}"], "no "), ([f"A={a}", f"A={a}"], "share a name")):
+        with pytest.raises(SystemExit) as e:
+            report_main([x for r in argv for x in ("--run", r)] + ["--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and expected in err and len(err.strip().splitlines()) <= 3, err
+
+
+def test_the_probes_test_writes_every_dev_prediction(tmp_path, glue_root):
+    from grounding.vgbert.glue_probe import PREDICTIONS_FILE
+
+    model, dm = probe_fit(glue_root, tmp_path, ["RTE", "STS-B"], steps=2)
+    model.trainer.test(model, dm, verbose=False)
+    import csv
+
+    with (tmp_path / "run" / PREDICTIONS_FILE).open() as f:
+        rows = list(csv.DictReader(f))
+    sizes = {s.name: len(s) for s in dm.datasets["test"].splits}
+    assert {name: sum(r["eval_set"] == name for r in rows) for name in sizes} == sizes
+    rte = [r for r in rows if r["eval_set"] == "rte"]
+    assert [int(r["row"]) for r in rte] == list(range(len(rte))) and {r["prediction"] for r in rte} <= {"0.0", "1.0"}

@@ -64,6 +64,14 @@ def paired_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_units: int
     from the same resamples."""
     full = np.asarray(statistic(np.arange(n_units)[None]), dtype=np.float64)[:, 0]
     boot = np.asarray(statistic(resample_indices(n_units, n_resamples, seed)), dtype=np.float64)
+    return interval_of_resamples(full, boot, models, measure, units, n_units, confidence)
+
+
+def interval_of_resamples(full: np.ndarray, boot: np.ndarray, models: Sequence[str], measure: str, units: str,
+                          n_units: int, confidence: float = 0.95) -> Interval:
+    """The :class:`Interval` of full-sample values (M,) and their values over the same resamples (M, R):
+    percentile intervals of each model and of each model minus model 0 (paired: resample by resample)."""
+    full, boot = np.asarray(full, dtype=np.float64), np.asarray(boot, dtype=np.float64)
     alpha = 100 * (1 - confidence) / 2
     low, high = np.nanpercentile(boot, [alpha, 100 - alpha], axis=1)
     d = boot - boot[:1]
