@@ -205,6 +205,94 @@ def test_compare_merges_recorded_runs(tmp_path, capsys):
         assert "not a compare.json" in capsys.readouterr().err
 
 
+def _same(a, b) -> bool:
+    """Equal JSON values, numbers within 1e-9 (and a row's keys the same)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+COMPARE_RECORDS = ("composer_compare_flickr8k", "composer_compare_flickr8k_linear_head",
+                   "composer_ablation_flickr8k_image_gated", "composer_ablation_flickr8k_match_only")
+
+
+@pytest.mark.parametrize("name", COMPARE_RECORDS)
+def test_compare_record_rows_are_the_committed_records_rows(name):
+    """Each committed comparison record's table (columns, labels, rows) is what compare's record_rows derives from
+    the record's own models and runs: the command writing the record again writes the same table."""
+    import json
+    from pathlib import Path
+
+    from grounding.composer.compare import RECORD_COLUMNS, RECORD_LABELS, record_rows
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "docs" / "records" / f"{name}.json").read_text())
+    assert record["columns"] == list(RECORD_COLUMNS) and record["labels"] == RECORD_LABELS
+    rows = record_rows(record)
+    assert len(rows) == len(record["rows"])
+    for derived, committed in zip(rows, record["rows"]):
+        assert _same(derived, committed), (derived, committed)
+
+
+def test_compare_writes_its_record_and_reads_it_back(tmp_path, capsys):
+    """--record: the comparison as a docs record (provenance, models, runs, table) that --recorded reads as an earlier
+    run; the record alone, rewritten, keeps its provenance and is itself; a bad name is one line, exit 2."""
+    import json
+
+    from grounding.composer.compare import main, read_recorded
+    from grounding.docs_tables import PROVENANCE, load_record
+
+    for name, rsum in (("composer_s0", 300.0), ("composer_s1", 320.0), ("vilbert_s0", None)):
+        fit = tmp_path / "runs" / name / "csv" / "version_0"
+        fit.mkdir(parents=True)
+        (fit / "metrics.csv").write_text("epoch,step,train/t2i_r1,val/rsum\n0,4,10.0,\n1,9,20.0,\n1,9,,150.5\n")
+        (tmp_path / "runs" / name / "fit_record.json").write_text('{"seconds": 120.0, "epochs": 2, "segments": []}')
+        if rsum is not None:
+            (fit.parent / "version_1").mkdir()
+            (fit.parent / "version_1" / "metrics.csv").write_text(f"epoch,step,test/rsum,test/t2i_r1\n0,0,{rsum},{rsum / 10}\n")
+    first = tmp_path / "records" / "first.json"
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r1"), "--record", str(first),
+                 "--config", "a.yaml", "--config", "b.yaml"]) == 0
+    record = load_record(first, "test")  # the schema
+    assert record["config"] == ["a.yaml", "b.yaml"] and record["seeds"] == [0, 1] and record["commit"]
+    assert "grounding" in record["command"] or "pytest" in record["command"]  # this process's command line
+    assert record["models"] == json.loads((tmp_path / "r1" / "compare.json").read_text())["models"]
+    assert [(r["model"], r["seed"], r["runs"], r.get("rsum")) for r in record["rows"]] == [
+        ("composer", 0, 1, 300.0), ("composer", 1, 1, 320.0), ("vilbert", 0, 0, None), ("composer", None, 2, 310.0),
+        ("vilbert", None, 0, None)]
+    assert record["rows"][0]["t2i_r1"] == 30.0 and record["rows"][0]["epochs"] == 2 and record["rows"][0]["fit_commits"] is None
+    assert record["rows"][3]["rsum_sd"] == pytest.approx(14.142, abs=1e-3)
+    assert set(read_recorded(first)) == {"composer_s0", "composer_s1", "vilbert_s0"}  # --recorded reads the record
+    again = tmp_path / "again.json"
+    assert main(["--recorded", str(first), "--out", str(tmp_path / "r2"), "--record", str(again)]) == 0
+    assert json.loads(again.read_text()) == record  # a rewrite: the same provenance, runs and table
+    assert {k: json.loads(again.read_text())[k] for k in PROVENANCE} == {k: record[k] for k in PROVENANCE}
+    capsys.readouterr()
+    for bad in (["--record", "two words"], ["--record", str(tmp_path)], ["--config", "a.yaml"]):
+        assert main(["--recorded", str(first), "--out", str(tmp_path / "r3"), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert main(["--recorded", str(first), "--list-tested", "--record", str(tmp_path / "x.json")]) == 2
+
+
+def test_compare_rewrites_the_committed_record_from_itself(tmp_path):
+    """`--recorded docs/records/composer_compare_flickr8k.json --record ...` writes that record again: its provenance,
+    models, runs, columns and rows (what a maintainer runs after a change to how records are written)."""
+    import json
+    from pathlib import Path
+
+    from grounding.composer.compare import main
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "records" / "composer_compare_flickr8k.json"
+    assert main(["--recorded", str(committed), "--out", str(tmp_path), "--record", str(tmp_path / "r.json")]) == 0
+    written, record = json.loads((tmp_path / "r.json").read_text()), json.loads(committed.read_text())
+    assert written["columns"] == record["columns"] and _same(written["rows"], record["rows"])
+    assert written == record
+
+
 @pytest.mark.parametrize("args, report, recorded", [
     ([], "reports/composer/compare_world", False),
     (["COMPARE_DATA=flickr8k"], "reports/composer/compare_flickr8k", True),

@@ -17,12 +17,14 @@ from test_leaderboard import _tiny_vse_and_vilbert
 
 from grounding.leaderboard import load_leaderboard
 from grounding.leaderboard.board import Leaderboard, LeaderboardError, ModelEntry, TestSet, semclip_bank
-from grounding.leaderboard.scaling import main as scaling_main
 from grounding.leaderboard.scaling import (
+    COLUMNS,
+    RECORD_LABELS,
     markdown,
     merge_recorded,
     plot_scaling,
     read_recorded,
+    record_rows,
     scaling_entries,
     semclip_vlm,
     slug,
@@ -31,6 +33,7 @@ from grounding.leaderboard.scaling import (
     validation_every,
     with_first_stages,
 )
+from grounding.leaderboard.scaling import main as scaling_main
 from grounding.paths import EXPERIMENTS_DIR
 from grounding.semclip.alignment import AlignmentTransform, save_transform
 from grounding.training_images import checkpoint_training_keys
@@ -86,6 +89,67 @@ def test_recorded_rows_fill_what_this_run_did_not_test_and_redraw_alone(tmp_path
     committed = read_recorded(Path(__file__).resolve().parents[1] / "docs" / "records" / "scaling_flickr8k_full.json")
     assert {r["photos"] for r in committed if r["model"] == "VSE"} == {750, 1500, 3000, 6000}
     assert all(r["commit"] and r["rsum_low"] <= r["rsum"] <= r["rsum_high"] for r in committed)
+
+
+SCALING_RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "scaling_flickr8k_full.json"
+
+
+def _same(a, b) -> bool:
+    """Equal JSON values, numbers within 1e-9 (and a row's keys the same)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_record_rows_are_the_committed_records_rows(tmp_path):
+    """The committed record's table is what record_rows derives from its rows' data (columns, labels, every row), and
+    `--recorded <the record> --record ...` (make scaling-plot SCALING_RECORD_OUT=...) writes the record again: its
+    provenance, rows (their recorded_in as the record has them) and table."""
+    record = json.loads(SCALING_RECORD.read_text())
+    assert record["columns"] == list(COLUMNS) and record["labels"] == RECORD_LABELS
+    rows = record_rows(record["rows"])
+    assert len(rows) == len(record["rows"]) and all(_same(a, b) for a, b in zip(rows, record["rows"]))
+    again = tmp_path / "r.json"
+    assert scaling_main(["--config", str(EXPERIMENTS_DIR / "leaderboard" / "flickr8k_full.yaml"), "--recorded",
+                         str(SCALING_RECORD), "--out", str(tmp_path / "out"), "--record", str(again)]) == 0
+    assert json.loads(again.read_text()) == record
+
+
+def test_scaling_writes_its_record_and_reads_it_back(tmp_path, capsys):
+    """--record: the table as a docs record (this command's provenance, the YAML as config and source) that --recorded
+    reads as an earlier run; the record redrawn alone keeps its provenance and is itself; a bad name is one line,
+    exit 2."""
+    from grounding.docs_tables import PROVENANCE, load_record
+
+    world = str(EXPERIMENTS_DIR / "leaderboard" / "world.yaml")
+    rows = [{"model": "A", "photos": n, "rsum": r, "rsum_low": r - 5, "rsum_high": r + 5, "t2i_r1": 1.0, "i2t_r1": 2.0,
+             "status": "ok", "command": "c", "commit": "aaaaaaa"} for n, r in ((750, 100.0), (1500, float("nan")))]
+    (tmp_path / "scaling.json").write_text(json.dumps({"source": "b.yaml", "rows": rows[:1]}))  # an earlier run's
+    first = tmp_path / "records" / "first.json"
+    assert scaling_main(["--config", world, "--recorded", str(tmp_path / "scaling.json"), "--out", str(tmp_path / "o1"),
+                         "--record", str(first)]) == 0
+    record = load_record(first, "test")  # the schema
+    assert record["config"] == world and record["source"] == world and record["seeds"] is None and record["commit"]
+    assert record["rows"] == json.loads((tmp_path / "o1" / "scaling.json").read_text())["rows"]
+    assert record["rows"][0]["recorded_in"] == str(tmp_path / "scaling.json")
+    assert record_rows(rows)[1]["rsum"] is None  # no NaN in JSON
+    assert [(r["model"], r["photos"]) for r in read_recorded(first)] == [("A", 750)]  # --recorded reads the record
+    again = tmp_path / "again.json"
+    assert scaling_main(["--config", world, "--recorded", str(first), "--out", str(tmp_path / "o2"), "--record",
+                         str(again)]) == 0
+    assert json.loads(again.read_text()) == record
+    assert {k: json.loads(again.read_text())[k] for k in PROVENANCE} == {k: record[k] for k in PROVENANCE}
+    capsys.readouterr()
+    for bad in ("two words", str(tmp_path)):
+        assert scaling_main(["--config", world, "--recorded", str(first), "--out", str(tmp_path / "o3"),
+                             "--record", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "o3").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize("max_epochs, every, expected", [
@@ -265,8 +329,12 @@ def test_scaling_fits_the_missing_size_and_tests_every_size(tiny_world, tmp_path
     load_leaderboard(tmp_path / "board.yaml")
     out = tmp_path / "report"
     assert scaling_main(["--config", str(tmp_path / "board.yaml"), "--models", "ViLBERT-style", "--photos", "8", "1000",
-                         "--runs", str(tmp_path / "runs"), "--out", str(out), "--fit"]) == 0
+                         "--runs", str(tmp_path / "runs"), "--out", str(out), "--fit", "--record",
+                         str(tmp_path / "record.json")]) == 0
     rows = json.loads((out / "scaling.json").read_text())["rows"]
+    record = json.loads((tmp_path / "record.json").read_text())  # this run's record: its command, config and rows
+    assert record["rows"] == rows and record["config"] == str(tmp_path / "board.yaml") and record["command"].startswith("python")
+    assert all(r["commit"] == record["commit"] and r["recorded_in"] is None for r in rows)
     assert [(r["model"], r["status"]) for r in rows] == [("VSE", "ok")] * 2 + [("ViLBERT-style", "ok")] * 2
     for row in rows[2:]:  # each size reranks VSE's run of that size, whose recall@2 is the ceiling
         assert row["first_stage"].startswith(f"VSE @ {row['photos']}, R@2 ")

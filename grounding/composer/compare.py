@@ -16,8 +16,15 @@ Run folders do not always outlive the machine that made them, and a paper-schedu
 so ``--recorded FILE`` (repeatable) merges the runs of an earlier ``compare.json`` (e.g. the committed
 ``docs/records/composer_compare_flickr8k.json``): a run folder found under ``--runs`` replaces the recorded run of
 the same name when it is tested (or the recorded one is not). Merged runs carry ``recorded_in``. Copy the merged
-``compare.json`` over the record to keep new runs; ``--list-tested`` only prints the recorded runs that hold test
-metrics, which ``make composer-compare`` then skips.
+``compare.json`` over the record to keep new runs, or give ``--record NAME``; ``--list-tested`` only prints the
+recorded runs that hold test metrics, which ``make composer-compare`` then skips.
+
+``--record NAME`` also writes the comparison as ``docs/records/NAME.json`` (a path ending in ``.json``: there), a record
+of :mod:`grounding.docs_tables`: compare.json's ``models`` and ``runs``, the provenance (this command line, ``--config``
+FILE..., the configs the runs were fitted with, else those of the ``--recorded`` records, this commit and machine, the
+tested runs' seeds) and the table the docs render (:func:`record_rows`: a row per run, then a row per model with the
+mean and sd over its tested runs). A table of ``--recorded`` runs alone, from one record, keeps that record's provenance
+(it was measured then): ``--recorded docs/records/X.json --out DIR --record X`` rewrites the record from itself.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from grounding.docs_tables import PROVENANCE, DocsTableError, provenance, record_path, write_record
+from grounding.errors import user_errors_exit
 from grounding.lightning import read_fit_record
 from grounding.utils.io import atomic_write_json, atomic_write_text
 
@@ -38,6 +47,19 @@ RUN = re.compile(r"^(?P<model>.+)_s(?P<seed>\d+)$")
 COLUMNS = {"rsum": "test/rsum", "t2i R@1": "test/t2i_r1", "i2t R@1": "test/i2t_r1", "phrase R@1": "test/phrase_r1",
            "comp. R@1": "test/compositional/t2i_r1"}
 MCD_FOLDER = "compositional"  # <run>/compositional: the run's checkpoint tested on an MCD split (make's COMPARE_MCD)
+# the record's table (grounding.docs_tables): a model's mean/sd keys (compare.json's column -> the row's key; sd: _sd)
+RECORD_MEANS = {"rsum": "rsum", "t2i R@1": "t2i_r1", "i2t R@1": "i2t_r1", "phrase R@1": "phrase_r1", "comp. R@1": "comp_r1",
+                "dev rsum": "dev_rsum"}
+# a run's row: its test metrics (row key -> test/ metric); comp_r1 is column_value's "comp. R@1"
+RECORD_TEST = {"rsum": "test/rsum", "t2i_r1": "test/t2i_r1", "t2i_r5": "test/t2i_r5", "t2i_r10": "test/t2i_r10",
+               "i2t_r1": "test/i2t_r1", "i2t_r5": "test/i2t_r5", "i2t_r10": "test/i2t_r10", "phrase_r1": "test/phrase_r1"}
+RECORD_COLUMNS = ("model", "seed", "runs", "rsum", "rsum_sd", "t2i_r1", "t2i_r1_sd", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r1_sd",
+                  "i2t_r5", "i2t_r10", "phrase_r1", "phrase_r1_sd", "comp_r1", "comp_r1_sd", "dev_rsum", "dev_rsum_sd", "epochs",
+                  "train_minutes", "fit_commits")
+RECORD_LABELS = {"runs": "tested runs", "rsum": "test rsum", "rsum_sd": "sd", "t2i_r1": "t2i R@1", "t2i_r5": "t2i R@5",
+                 "t2i_r10": "t2i R@10", "i2t_r1": "i2t R@1", "i2t_r5": "i2t R@5", "i2t_r10": "i2t R@10",
+                 "phrase_r1": "phrase R@1", "comp_r1": "comp. R@1 (MCD)", "dev_rsum": "dev rsum (last)",
+                 "train_minutes": "fit min", "fit_commits": "fit commits"}
 
 
 def column_value(run: dict, column: str) -> float | None:
@@ -163,6 +185,92 @@ def compare(runs_dir: Path | None, out: Path, recorded: list[Path] = ()) -> dict
     return report
 
 
+def record_rows(report: dict) -> list[dict]:
+    """The record's table of a comparison (``{"models", "runs"}``, compare.json's content): a row per run (its model,
+    seed, ``runs`` 1 when tested else 0, its test metrics, the compositional R@1 of :func:`column_value`, last dev
+    rsum, epochs, training minutes, the commits its fit ran at, its name as ``run``), then a row per model (seed null,
+    ``runs`` its tested runs, each mean of compare.json with its sd as ``<key>_sd``; a column no tested run has is
+    left out)."""
+    rows = []
+    for name, r in report["runs"].items():
+        tested = r["test"].get("test/rsum") is not None
+        rows.append({"model": r["model"], "seed": int(r["seed"]), "runs": 1 if tested else 0,
+                     **{key: r["test"].get(metric) for key, metric in RECORD_TEST.items()},
+                     "comp_r1": column_value(r, "comp. R@1"), "dev_rsum": r.get("dev_rsum"), "epochs": r.get("epochs"),
+                     "train_minutes": r.get("train_minutes"), "fit_commits": list(r.get("commits") or []) or None,
+                     "run": name})
+    for model, m in report["models"].items():
+        # records written before compare.json counted tested runs ("tested") had only tested runs
+        tested = m.get("tested", sum(report["runs"][n]["test"].get("test/rsum") is not None for n in m["runs"]))
+        row = {"model": model, "seed": None, "runs": tested}
+        for column, key in RECORD_MEANS.items():
+            if isinstance(m.get(column), dict):
+                row[key], row[f"{key}_sd"] = m[column]["mean"], m[column]["sd"]
+        rows.append(row)
+    return rows
+
+
+def record_seeds(report: dict) -> list[int] | None:
+    """The seeds of the comparison's tested runs (None when none is tested)."""
+    seeds = sorted({int(r["seed"]) for r in report["runs"].values() if r["test"].get("test/rsum") is not None})
+    return seeds or None
+
+
+def read_json(path: Path):
+    """A JSON file's content, or None when it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def rewritten_record(report: dict, recorded: list[Path]) -> tuple[dict, dict] | None:
+    """When every run of the table comes from the one ``--recorded`` file and that file is a record (provenance
+    keys): (its provenance keys with its ``provenance_note``, the report with each run's ``recorded_in`` as the record
+    has it) - a rewrite keeps when and where the table was measured, and a record rewritten from itself is itself.
+    Else None."""
+    if len(recorded) != 1 or not all(r.get("recorded_in") for r in report["runs"].values()):
+        return None
+    written = read_json(recorded[0])
+    if not isinstance(written, dict) or not set(PROVENANCE) <= set(written) or not isinstance(written.get("runs"), dict):
+        return None
+    keys = {k: written[k] for k in (*PROVENANCE, "provenance_note") if k in written}
+    runs = {}
+    for name, run in report["runs"].items():
+        was = written["runs"].get(name)  # the record's run: with its recorded_in, null or none at all
+        was = was if isinstance(was, dict) else run
+        runs[name] = {k: (was.get(k) if k == "recorded_in" else v) for k, v in run.items() if k != "recorded_in" or k in was}
+    return keys, {**report, "runs": runs}
+
+
+def record_config(recorded: list[Path], configs: list[str]) -> str | list[str] | None:
+    """The record's ``config``: ``configs`` (``--config``), then the configs the ``--recorded`` records name; one path
+    as a string, several as a list, none None."""
+    named = list(configs)
+    for path in recorded:
+        written = read_json(path)
+        value = written.get("config") if isinstance(written, dict) else None
+        named += [value] if isinstance(value, str) else [c for c in value or [] if isinstance(c, str)]
+    named = list(dict.fromkeys(named))
+    return named[0] if len(named) == 1 else named or None
+
+
+def write_compare_record(path: str | Path, report: dict, recorded: list[Path] = (), configs: list[str] = (),
+                         keys: dict | None = None) -> Path:
+    """The comparison as a record of :mod:`grounding.docs_tables` at ``path``: its provenance (``keys``; default:
+    :func:`rewritten_record`'s for a rewrite of one record, else this command, commit, date and machine, the tested
+    runs' seeds and :func:`record_config`), compare.json's ``models`` and ``runs`` (``--recorded`` reads it back),
+    ``labels``, ``columns`` and :func:`record_rows`."""
+    rewrite = rewritten_record(report, list(recorded)) if keys is None else None
+    if rewrite is not None:
+        keys, report = rewrite
+    elif keys is None:
+        keys = provenance(config=record_config(list(recorded), list(configs)), seeds=record_seeds(report))
+    note = {"provenance_note": keys["provenance_note"]} if keys.get("provenance_note") else {}
+    return write_record(path, list(RECORD_COLUMNS), record_rows(report), keys, **note, models=report["models"],
+                        runs=report["runs"], labels=RECORD_LABELS)
+
+
 def _markdown(report: dict) -> str:
     columns = [*COLUMNS, "dev rsum"]
     lines = ["| model | seeds | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 2)]
@@ -227,12 +335,25 @@ def main(argv=None) -> int:
                         help="an earlier compare.json whose runs join the table (repeatable)")
     parser.add_argument("--list-tested", action="store_true",
                         help="only print the names of the --recorded runs that hold test metrics, one a line")
+    parser.add_argument("--record", metavar="NAME",
+                        help="also write the comparison with its provenance to docs/records/NAME.json (or this path "
+                             "ending in .json)")
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="with --record: a config the runs were fitted with, the record's config (repeatable; "
+                             "default: the --recorded records' configs)")
     args = parser.parse_args(argv)
     try:
+        record = record_path(args.record) if args.record else None
+        if record is not None and args.list_tested:
+            raise ValueError("--list-tested writes nothing: give it without --record")
+        if record is not None and record.is_dir():
+            raise ValueError(f"--record {args.record}: {record} is a folder; name a record or a file ending in .json")
+        if args.config and record is None:
+            raise ValueError("--config names the record's config: give it with --record")
         recorded = {}
         for path in args.recorded:
             recorded.update(read_recorded(Path(path)))
-    except ValueError as e:
+    except (ValueError, DocsTableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.list_tested:
@@ -246,13 +367,18 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        compare(runs, Path(args.out), [Path(p) for p in args.recorded])
-    except FileNotFoundError as e:
+        report = compare(runs, Path(args.out), [Path(p) for p in args.recorded])
+        if record is not None:
+            write_compare_record(record, report, [Path(p) for p in args.recorded], args.config)
+    except (FileNotFoundError, DocsTableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((Path(args.out) / "compare.md").read_text(), end="")
+    if record is not None:
+        print(f"wrote the record {record}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors_exit("python -m grounding.composer.compare"):
+        sys.exit(main())

@@ -25,7 +25,14 @@ Run folders do not always outlive the machine that made them, so a curve can gro
 ``--recorded FILE`` (repeatable) merges the rows of an earlier run's ``scaling.json`` (e.g. the committed
 ``docs/records/scaling_flickr8k_full.json``) for every (model, size) this run does not test; a row this run tests
 replaces the recorded one. Every row carries the ``commit`` it was measured at and, when merged, the file it came
-from (``recorded_in``). Write the merged ``scaling.json`` back over the record to keep it.
+from (``recorded_in``). Write the merged ``scaling.json`` back over the record to keep it, or give ``--record``.
+
+``--record NAME`` also writes the table as ``docs/records/NAME.json`` (a path ending in ``.json``: there), a record of
+:mod:`grounding.docs_tables`: the provenance (this command line, ``--config``, this commit, date and machine; no seeds,
+the runs name none), the YAML as ``source``, ``labels``, ``columns`` and :func:`record_rows` (the rows of
+``scaling.json``). Redrawing one record alone (no ``--models``, one ``--recorded`` record) keeps its provenance, source
+and each row's ``recorded_in`` as it has them, so ``--recorded docs/records/X.json --record X`` rewrites a record from
+itself (``make scaling-plot SCALING_RECORD_OUT=X``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from grounding.cli import resolved_config
+from grounding.docs_tables import PROVENANCE, DocsTableError, provenance, record_path, write_record
 from grounding.errors import user_errors_exit
 from grounding.leaderboard.board import (
     COMPOSER_DATA,
@@ -67,6 +75,9 @@ from grounding.utils.provenance import source_commit
 COLUMNS = ("model", "photos", "rsum", "rsum_low", "rsum_high", "t2i_r1", "i2t_r1", "first_stage", "train_minutes", "epochs",
            "status", "command", "commit", "recorded_in")
 FIRST_STAGE_SIZES = ("same", "full")
+# the headers of the record's columns (grounding.docs_tables; rsum_ci prints [rsum_low, rsum_high])
+RECORD_LABELS = {"photos": "training photos", "rsum_ci": "rsum [95 % CI]", "t2i_r1": "t2i R@1", "i2t_r1": "i2t R@1",
+                 "first_stage": "first stage", "train_minutes": "fit min"}
 
 
 def slug(name: str) -> str:
@@ -379,14 +390,53 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_scaling(rows: list[dict], out: Path, board: Leaderboard) -> Path:
+def record_rows(rows: list[dict]) -> list[dict]:
+    """The table's rows as ``scaling.json`` and the record hold them: every key of each row (the keys of
+    :data:`COLUMNS` it has, and any other it carries, e.g. a transcribed leaderboard row's ``t2i_r5``), in its order,
+    a non-finite number null."""
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+
+
+def rewritten_record(rows: list[dict], recorded: list[Path]) -> tuple[dict, list[dict]] | None:
+    """When the table is one ``--recorded`` record's rows alone (this run tested nothing) and that file is a record
+    (provenance keys): (its provenance keys with its ``provenance_note`` and ``source``, ``rows`` with each one's
+    ``recorded_in`` as the record has it) - a redraw keeps when, where and from which YAML the rows were measured, and
+    a record rewritten from itself is itself. Else None."""
+    if len(recorded) != 1 or not all(r.get("recorded_in") for r in rows):
+        return None
+    try:
+        written = json.loads(Path(recorded[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(written, dict) or not set(PROVENANCE) <= set(written) or not isinstance(written.get("rows"), list):
+        return None
+    keys = {k: written[k] for k in (*PROVENANCE, "provenance_note", "source") if k in written}
+    own = {(r.get("model"), r.get("photos")): r for r in written["rows"] if isinstance(r, dict)}
+    kept = []
+    for r in rows:
+        was = own.get((r["model"], r["photos"]), r)  # the record's row: with its recorded_in, null or none at all
+        kept.append({k: (was.get(k) if k == "recorded_in" else v) for k, v in r.items() if k != "recorded_in" or k in was})
+    return keys, kept
+
+
+def write_scaling(rows: list[dict], out: Path, board: Leaderboard, record: str | Path | None = None,
+                  recorded: Sequence[Path] = ()) -> Path:
+    """``scaling.md``, ``.csv``, ``.json`` and ``.png`` in ``out``; with ``record``, the record of
+    :mod:`grounding.docs_tables` there too (provenance and source: :func:`rewritten_record`'s for a redraw of one
+    ``recorded`` record, else this command's with the YAML as its config and source)."""
     out.mkdir(parents=True, exist_ok=True)
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+    clean = record_rows(rows)
     title = f"Scaling: {board.test_set.name}"
     atomic_write_text(out / "scaling.md", f"# {title}\n\nFrom `{board.source}`.\n\n{markdown(clean)}")
     atomic_write_csv(out / "scaling.csv", clean, COLUMNS)
     atomic_write_json(out / "scaling.json", {"source": board.source, "rows": clean}, indent=2)
     plot_scaling(clean, out / "scaling.png", title)
+    if record is not None:
+        rewrite = rewritten_record(clean, list(recorded))
+        keys, table = rewrite if rewrite is not None else (provenance(config=board.source or None), clean)
+        note = {"provenance_note": keys["provenance_note"]} if keys.get("provenance_note") else {}
+        write_record(record, list(COLUMNS), table, keys, **note, source=keys.get("source", board.source),
+                     labels=RECORD_LABELS)
     return out
 
 
@@ -410,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-stage", choices=FIRST_STAGE_SIZES, default="same",
                    help="a cross-encoder at N photos reranks its first stage's run at N photos (same) or at the whole "
                         "split (full)")
+    p.add_argument("--record", metavar="NAME",
+                   help="also write the table with its provenance to docs/records/NAME.json (or this path ending in .json)")
     args = p.parse_args(argv)
     if any(n < 1 for n in args.photos) or args.validations < 0:
         print(f"error: --photos and --validations must be positive; got {args.photos} and {args.validations}",
@@ -424,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --fit-args {args.fit_args!r}: {e}; give the options as one shell-quoted string", file=sys.stderr)
         return 2
     try:
+        record = record_path(args.record) if args.record else None
+        if record is not None and record.is_dir():
+            raise LeaderboardError(f"--record {args.record}: {record} is a folder; name a record or a file ending in .json")
         board = load_leaderboard(args.config)
         out = check_output_folder(args.out or f"reports/scaling/{board.test_set.name}", "--out")
         with_first_stages(board, args.models)  # before the test set is read
@@ -431,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_scaling(board, args.models, args.photos, resolve_path(args.runs), args.fit,
                            log=lambda line: print(line, file=sys.stderr, flush=True), fit_args=fit_args,
                            first_stage=args.first_stage, validations=args.validations or None) if args.models else []
-    except LeaderboardError as e:
+    except (LeaderboardError, DocsTableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as e:
@@ -439,9 +494,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     commit = source_commit()
     rows = merge_recorded([{**r, "commit": commit} for r in rows], recorded)
-    out = write_scaling(rows, out, board)
+    try:
+        out = write_scaling(rows, out, board, record, [resolve_path(path) for path in args.recorded])
+    except DocsTableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(markdown(rows), end="")
-    print(f"wrote {out}/scaling.md, .csv, .json and .png", file=sys.stderr)
+    print(f"wrote {out}/scaling.md, .csv, .json and .png" + (f"; the record {record}" if record else ""), file=sys.stderr)
     return 1 if any(str(r.get("status", "")).startswith("error") for r in rows) else 0
 
 
