@@ -298,7 +298,8 @@ evaluate: install  ## VG-BERT semantic-space report (Tables 1-2, norms F1, silho
 
 # VG-BERT's semantic space on real photos: stage 1 on all 6,000 Flickr8k training photos and on the 753 of
 # the 1,000-photo subset (same photos' preprocessing; each fit first when missing, its dev-best checkpoint linked as
-# best.ckpt), then the report with paired bootstrap intervals against MiniLM.
+# best.ckpt), then the report with paired bootstrap intervals against MiniLM. EVALUATE_ARGS passes through:
+# EVALUATE_ARGS="--record NAME" also writes the intervals table as docs/records/NAME.json.
 SEMANTIC_FLICKR8K_CONFIG ?= experiments/semantic_space/flickr8k_full.yaml
 SEMANTIC_FLICKR8K_STAGE1 ?= outputs/vgbert/stage1_flickr8k_full
 SEMANTIC_FLICKR8K_SMALL ?= outputs/vgbert/stage1_flickr8k_753

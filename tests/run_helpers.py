@@ -1,4 +1,4 @@
-"""Shared test fixtures: a tiny stage-1 config on the tiny world, and fake images for the feature cache."""
+"""Shared test fixtures: a tiny stage-1 config on the tiny world, fake images for the feature cache, JSON compared with a tolerance."""
 
 from __future__ import annotations
 
@@ -39,3 +39,14 @@ class FakeImages:
     def load_image(self, index):
         g = torch.Generator().manual_seed(int(index))
         return torch.randn(3, 32, 32, generator=g)
+
+
+def same_json(a, b) -> bool:
+    """Equal JSON values, numbers within 1e-9 (and a mapping's keys the same)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    return a == b

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from run_helpers import same_json
 
 from data_modules.captions import CaptionRoundsSampler
 from grounding.composer.diagnostics import WORLD_FIT_COMPOSITION, WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
@@ -205,17 +206,6 @@ def test_compare_merges_recorded_runs(tmp_path, capsys):
         assert "not a compare.json" in capsys.readouterr().err
 
 
-def _same(a, b) -> bool:
-    """Equal JSON values, numbers within 1e-9 (and a row's keys the same)."""
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 COMPARE_RECORDS = ("composer_compare_flickr8k", "composer_compare_flickr8k_linear_head",
                    "composer_ablation_flickr8k_image_gated", "composer_ablation_flickr8k_match_only")
 
@@ -234,7 +224,7 @@ def test_compare_record_rows_are_the_committed_records_rows(name):
     rows = record_rows(record)
     assert len(rows) == len(record["rows"])
     for derived, committed in zip(rows, record["rows"]):
-        assert _same(derived, committed), (derived, committed)
+        assert same_json(derived, committed), (derived, committed)
 
 
 def test_compare_writes_its_record_and_reads_it_back(tmp_path, capsys):
@@ -289,7 +279,7 @@ def test_compare_rewrites_the_committed_record_from_itself(tmp_path):
     committed = Path(__file__).resolve().parents[1] / "docs" / "records" / "composer_compare_flickr8k.json"
     assert main(["--recorded", str(committed), "--out", str(tmp_path), "--record", str(tmp_path / "r.json")]) == 0
     written, record = json.loads((tmp_path / "r.json").read_text()), json.loads(committed.read_text())
-    assert written["columns"] == record["columns"] and _same(written["rows"], record["rows"])
+    assert written["columns"] == record["columns"] and same_json(written["rows"], record["rows"])
     assert written == record
 
 

@@ -395,3 +395,25 @@ def test_the_probes_test_writes_every_dev_prediction(tmp_path, glue_root):
     assert {name: sum(r["eval_set"] == name for r in rows) for name in sizes} == sizes
     rte = [r for r in rows if r["eval_set"] == "rte"]
     assert [int(r["row"]) for r in rte] == list(range(len(rte))) and {r["prediction"] for r in rte} <= {"0.0", "1.0"}
+
+
+def test_the_probe_trains_on_its_threads_and_restores_torchs(tmp_path, glue_root):
+    from lightning.pytorch import Callback
+
+    seen = []
+
+    class Threads(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        dm = datamodule(glue_root, tasks=["RTE"])
+        model = GlueProbe(GlueProbeNet("tiny-random", proj_dim=8, tasks=["RTE"]), cache_dir=str(tmp_path / "states"))
+        Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                default_root_dir=str(tmp_path / "run"), num_sanity_val_steps=0, limit_val_batches=0,
+                callbacks=[Threads()]).fit(model, dm)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from run_helpers import same_json
 from test_leaderboard import _tiny_vse_and_vilbert
 
 from grounding.leaderboard import load_leaderboard
@@ -94,17 +95,6 @@ def test_recorded_rows_fill_what_this_run_did_not_test_and_redraw_alone(tmp_path
 SCALING_RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "scaling_flickr8k_full.json"
 
 
-def _same(a, b) -> bool:
-    """Equal JSON values, numbers within 1e-9 (and a row's keys the same)."""
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 def test_record_rows_are_the_committed_records_rows(tmp_path):
     """The committed record's table is what record_rows derives from its rows' data (columns, labels, every row), and
     `--recorded <the record> --record ...` (make scaling-plot SCALING_RECORD_OUT=...) writes the record again: its
@@ -112,7 +102,7 @@ def test_record_rows_are_the_committed_records_rows(tmp_path):
     record = json.loads(SCALING_RECORD.read_text())
     assert record["columns"] == list(COLUMNS) and record["labels"] == RECORD_LABELS
     rows = record_rows(record["rows"])
-    assert len(rows) == len(record["rows"]) and all(_same(a, b) for a, b in zip(rows, record["rows"]))
+    assert len(rows) == len(record["rows"]) and all(same_json(a, b) for a, b in zip(rows, record["rows"]))
     again = tmp_path / "r.json"
     assert scaling_main(["--config", str(EXPERIMENTS_DIR / "leaderboard" / "flickr8k_full.yaml"), "--recorded",
                          str(SCALING_RECORD), "--out", str(tmp_path / "out"), "--record", str(again)]) == 0

@@ -3,6 +3,8 @@ embeddings' vocabulary standardisation and checkpoint loading, and one real-data
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -385,6 +387,7 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_cli_writes_a_report(tmp_path, monkeypatch, capsys):
+    from grounding.docs_tables import validate_record
     from grounding.semantic_space.__main__ import main
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
@@ -392,11 +395,15 @@ def test_cli_writes_a_report(tmp_path, monkeypatch, capsys):
     sem.mkdir()
     (sem / "animal-3.txt").write_text("zebra\nhorse\npanda\n")
     (sem / "car-2.txt").write_text("car\nbus\n")
-    out = tmp_path / "report"
+    out, record = tmp_path / "report", tmp_path / "records" / "sem.json"
     assert main(["--models", "tiny-random", "tiny-random", "--names", "A", "B", "--semcat", str(sem), "--parts",
-                 "clustering", "--vocabulary-sample", "64", "--no-cache", "--out", str(out)]) == 0
+                 "clustering", "--vocabulary-sample", "64", "--no-cache", "--out", str(out), "--record", str(record)]) == 0
     assert (out / "report.md").is_file() and (out / "silhouettes.csv").is_file()
     assert "total:" in capsys.readouterr().out
+    written = json.loads(record.read_text(encoding="utf-8"))  # --record: the intervals.csv rows, one a measure
+    validate_record(written, str(record))
+    assert [r["measure"] for r in written["rows"]] == ["silhouette (categories)", "nearest-category accuracy (categories)"]
+    assert written["labels"]["m1"] == "B" and written["rows"][0]["d1"] == 0 and written["seeds"] is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,6 +487,86 @@ def test_report_intervals_and_word_similarity(tmp_path, monkeypatch):
     none = run_report({"models": ["tiny-random"], "semcat": str(sem), "parts": ["clustering"], "out": str(tmp_path / "r2"),
                        "embedding": {"vocabulary_sample": 64, "cache": False}, "intervals_part": {"n_resamples": 0}})
     assert not (none / "intervals.csv").exists()
+
+
+def _interval(measure, values, lows, highs, diffs, diff_lows, diff_highs, models=("MiniLM", "G6000", "G753")):
+    from grounding.semantic_space.intervals import Interval
+
+    return Interval(measure, "SemCat categories", 100, list(models), *(np.array(v, dtype=float) for v in
+                                                                      (values, lows, highs, diffs, diff_lows, diff_highs)))
+
+
+def test_intervals_record_rows_by_hand(tmp_path):
+    """The record of a report's intervals (--record): one row a measure, each model's value and interval, each later
+    model's paired difference, the labels naming the models; it follows the docs' record schema and renders."""
+    from grounding.docs_tables import provenance, render_table, validate_record
+    from grounding.semantic_space.intervals import record_rows
+    from grounding.semantic_space.report import write_intervals_record
+
+    found = [_interval("silhouette (categories)", [0.109, 0.132, 0.116], [0.101, 0.122, 0.108], [0.119, 0.143, 0.126],
+                       [0.0, 0.022, 0.007], [0.0, 0.019, 0.005], [0.0, 0.026, 0.008]),
+             _interval("word similarity: MEN", [0.754, np.nan, 0.763], [0.74, np.nan, 0.75], [0.77, np.nan, 0.78],
+                       [0.0, np.nan, 0.009], [0.0, np.nan, 0.004], [0.0, np.nan, 0.014])]
+    columns, labels, rows = record_rows(found, confidence=0.95)
+    assert columns == ["measure", "units", "n_units", "m0", "m0_ci", "m1", "m1_ci", "m2", "m2_ci", "d1", "d1_ci", "d2", "d2_ci"]
+    assert labels["m0"] == "MiniLM" and labels["m2"] == "G753" and labels["d1"] == "Δ G6000 − MiniLM"
+    assert labels["m1_ci"] == "95 % CI" and labels["d2_ci"] == "paired 95 % CI"
+    assert rows[0] == {"measure": "silhouette (categories)", "units": "SemCat categories", "n_units": 100,
+                       "m0": 0.109, "m0_low": 0.101, "m0_high": 0.119, "m1": 0.132, "m1_low": 0.122, "m1_high": 0.143,
+                       "m2": 0.116, "m2_low": 0.108, "m2_high": 0.126, "d1": 0.022, "d1_low": 0.019, "d1_high": 0.026,
+                       "d2": 0.007, "d2_low": 0.005, "d2_high": 0.008,
+                       "paper": "up (§4.3, Fig. 5: categories cluster better)"}
+    assert rows[1]["m1"] is None and rows[1]["d1_high"] is None and rows[1]["d2"] == 0.009  # not finite: null
+    assert rows[1]["paper"] == "not measured in the paper" and "d0" not in rows[0]
+    record = {**provenance(command="python -m grounding.semantic_space --config x.yaml", config="x.yaml", seeds=[0]),
+              "labels": labels, "columns": columns, "rows": rows}
+    validate_record(record, "by hand")
+    table = render_table(record, digits=3)
+    assert table.splitlines()[0].startswith("| measure | units | n | MiniLM | 95 % CI | G6000 |")
+    assert "| silhouette (categories) | SemCat categories | 100 | 0.109 | [0.101, 0.119] |" in table
+    assert "| 0.022 | [0.019, 0.026] | 0.007 | [0.005, 0.008] |" in table and "| 0.754 | [0.740, 0.770] | – | – |" in table
+    with pytest.raises(ValueError, match="has models"):
+        record_rows([found[0], _interval("x", [1, 2], [1, 2], [1, 2], [0, 1], [0, 1], [0, 1], models=("A", "B"))])
+    cfg = {"intervals_part": {"n_resamples": 50, "confidence": 0.9, "seed": 3}, "out": "reports/x", "parts": ["clustering"],
+           "models": [{"name": n, "source": n.lower()} for n in ("MiniLM", "G6000", "G753")]}
+    written = json.loads(write_intervals_record(tmp_path / "r.json", found, cfg, record).read_text(encoding="utf-8"))
+    validate_record(written, "written")
+    assert written["rows"] == rows and written["labels"]["m0_ci"] == "90 % CI" and written["resample_seed"] == 3
+    assert written["command"] == record["command"] and written["config"] == "x.yaml" and written["seeds"] == [0]
+    from grounding.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="no intervals"):
+        write_intervals_record(tmp_path / "none.json", [], cfg, record)
+
+
+def test_cli_record_option_errors_and_provenance(tmp_path, capsys):
+    """--record: a bad name or a report without intervals is one line and exit 2 before any work; the record's
+    provenance names the command line, the config file and the seed the config names (else null)."""
+    from grounding.semantic_space.__main__ import build_parser, main, record_of
+
+    for argv, needle in [(["--models", "minilm", "--record", "bad name"], "record name 'bad name'"),
+                         (["--models", "minilm", "--bootstrap", "0", "--record", "x"], "--bootstrap N > 0"),
+                         (["--models", "minilm", "--parts", "composition", "--record", "x"], "one of the parts")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, (argv, err)
+    named = tmp_path / "named.yaml"
+    named.write_text("semantic_space:\n  models: [minilm]\n  intervals_part: {seed: 4}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("models: [minilm]\n")
+    for argv, config, seeds in [(["--config", str(named), "--record", "sem_x"], str(named), [4]),
+                                (["--config", str(plain), "--record", str(tmp_path / "r.json")], str(plain), None),
+                                (["--config", str(plain), "--intervals_part.seed", "2", "--record", "y"], str(plain), [2]),
+                                (["--models", "minilm", "--record", "z"], None, None)]:
+        args = build_parser().parse_args(argv)
+        from grounding.semantic_space.__main__ import config_from_args
+        from grounding.semantic_space.report import merge_config
+
+        path, keys = record_of(args, argv, merge_config(config_from_args(args)))
+        assert keys["config"] == config and keys["seeds"] == seeds, argv
+        assert keys["command"].startswith("python -m grounding.semantic_space ") and argv[-1] in keys["command"]
+        assert str(path).endswith(".json") and (path.parts[:2] == ("docs", "records") or path == tmp_path / "r.json")
+    assert record_of(build_parser().parse_args(["--models", "minilm"]), [], {}) == (None, None)
 
 
 # --------------------------------------------------------------------------------------------

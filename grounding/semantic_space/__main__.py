@@ -8,7 +8,9 @@
 ``grounding.semantic_space.report.DEFAULTS``, under ``semantic_space:`` or at the top level);
 options given on the command line win, and every nested option has a flag too
 (``--embedding.batch_size 128``). Parsed by jsonargparse: an unknown option or key is one error
-line and exit status 2.
+line and exit status 2. ``--record NAME`` also writes the paired bootstrap intervals (the report's
+``intervals.csv``) as ``docs/records/NAME.json`` (a path ending in ``.json``: there), the record the docs
+render a table from (:mod:`grounding.docs_tables`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
+from grounding.docs_tables import provenance, record_path
 from grounding.errors import user_errors_exit
-from grounding.semantic_space.report import DEFAULTS, merge_config, run_report
+from grounding.semantic_space.report import DEFAULTS, INTERVAL_PARTS, merge_config, run_report
 from grounding.stage_config import config_options_first
 
 PROG = "python -m grounding.semantic_space"
@@ -83,6 +88,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--parts", type=str, nargs="+", default=DEFAULTS["parts"],
                    help="subset of: concreteness property_norms clustering composition word_similarity")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
+    p.add_argument("--record", type=Optional[str], default=None,
+                   help="also write the intervals table with its provenance to docs/records/RECORD.json (or this path "
+                        "ending in .json)")
     for group, options in DEFAULTS.items():
         if not isinstance(options, dict):
             continue
@@ -114,22 +122,59 @@ def config_from_args(args: argparse.Namespace) -> dict:
     return cfg
 
 
+def config_paths(argv: list[str]) -> list[str]:
+    """The ``--config`` files of a command line, in order."""
+    return [v for k, v in zip(["", *argv], argv) if k == "--config"] + \
+        [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+
+
+def named_seed(argv: list[str], cfg: dict) -> list[int] | None:
+    """``[intervals_part.seed]`` when a ``--config`` file or the command line names it, else None (the record's
+    ``seeds``: a default is not a seed anyone chose)."""
+    named = any(a == "--intervals_part.seed" or a.startswith("--intervals_part.seed=") for a in argv)
+    for path in config_paths(argv):
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        section = data.get(CONFIG_SECTION, data) if isinstance(data, dict) else None
+        part = section.get("intervals_part") if isinstance(section, dict) else None
+        named = named or (isinstance(part, dict) and "seed" in part)
+    return [int(cfg["intervals_part"]["seed"])] if named else None
+
+
+def record_of(args, argv: list[str], cfg: dict) -> tuple[Path | None, dict | None]:
+    """``--record``'s path and the record's provenance (this command line, its config files, the named seed), or
+    (None, None); a bad name or a report without intervals is a ValueError, before any work."""
+    if not args.record:
+        return None, None
+    record = record_path(args.record)
+    if cfg["intervals_part"]["n_resamples"] <= 0 or not set(cfg["parts"]) & set(INTERVAL_PARTS):
+        raise ValueError(f"--record {args.record} writes the intervals table: give --bootstrap N > 0 and one of the "
+                         f"parts {list(INTERVAL_PARTS)}")
+    configs = config_paths(argv)
+    keys = provenance(command=shlex.join([*PROG.split(), *argv]), config=configs[0] if len(configs) == 1 else configs or None,
+                      seeds=named_seed(argv, cfg))
+    return record, keys
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg = config_from_args(build_parser().parse_args(config_options_first(argv)))
-        merge_config(cfg)  # unknown parts, models without a source, no models: before any work
+        args = build_parser().parse_args(config_options_first(argv))
+        cfg = config_from_args(args)
+        # unknown parts, models without a source, no models, a bad --record: before any work
+        record, record_keys = record_of(args, argv, merge_config(cfg))
     except (ArgumentError, KeyError, ValueError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        configs = [v for k, v in zip(["", *argv], argv) if k == "--config"] + \
-            [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+        configs = config_paths(argv)
         where = f"config {', '.join(configs)}; " if configs else ""
         print(f"{PROG}: error: {' '.join(str(message).split())} ({where}see {PROG} --help)", file=sys.stderr)
         return 2
 
     t0 = time.perf_counter()
-    run_report(cfg)
+    run_report(cfg, record, record_keys)
     print(f"[semantic_space] total: {time.perf_counter() - t0:.1f} s")
     return 0
 

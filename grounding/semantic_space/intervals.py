@@ -110,6 +110,45 @@ def spearman_statistic(scores: np.ndarray, target: np.ndarray) -> Callable[[np.n
     return statistic
 
 
+# ------------------------------------------------------------------------------------------- the record
+def _finite_or_none(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def record_rows(intervals: Sequence[Interval], confidence: float = 0.95) -> tuple[list[str], dict[str, str], list[dict]]:
+    """The intervals as a record's ``columns``, ``labels`` and ``rows`` (:mod:`grounding.docs_tables`): one row a
+    measure with ``measure``, ``units``, ``n_units``, each model's value ``m<i>`` and interval ``m<i>_low`` /
+    ``m<i>_high``, each later model's paired difference to model 0 ``d<i>`` with ``d<i>_low`` / ``d<i>_high``, and
+    ``paper`` (the direction VG-BERT reports; not a default column). A value that is not finite is null. The labels
+    name the models (``m1``: its name, ``d1``: ``Δ <name> − <reference>``)."""
+    if not intervals:
+        return [], {}, []
+    models = intervals[0].models
+    rows = []
+    for iv in intervals:
+        if iv.models != models:
+            raise ValueError(f"interval {iv.measure!r} has models {iv.models}, the others {models}")
+        row = {"measure": iv.measure, "units": iv.units, "n_units": int(iv.n_units)}
+        for i in range(len(models)):
+            row.update({f"m{i}": _finite_or_none(iv.value[i]), f"m{i}_low": _finite_or_none(iv.low[i]),
+                        f"m{i}_high": _finite_or_none(iv.high[i])})
+        for i in range(1, len(models)):
+            row.update({f"d{i}": _finite_or_none(iv.diff[i]), f"d{i}_low": _finite_or_none(iv.diff_low[i]),
+                        f"d{i}_high": _finite_or_none(iv.diff_high[i])})
+        row["paper"] = next((v for k, v in PAPER_DIRECTION.items() if iv.measure.startswith(k)), None)
+        rows.append(row)
+    pct = f"{100 * confidence:g} %"
+    columns = ["measure", "units", "n_units"] + [c for i in range(len(models)) for c in (f"m{i}", f"m{i}_ci")]
+    columns += [c for i in range(1, len(models)) for c in (f"d{i}", f"d{i}_ci")]
+    labels = {"measure": "measure", "units": "units", "n_units": "n", "paper": "paper's direction"}
+    for i, m in enumerate(models):
+        labels.update({f"m{i}": m, f"m{i}_ci": f"{pct} CI"})
+        if i:
+            labels.update({f"d{i}": f"Δ {m} − {models[0]}", f"d{i}_ci": f"paired {pct} CI"})
+    return columns, labels, rows
+
+
 # ------------------------------------------------------------------------------------------- report table
 def _num(x: float) -> str:
     return "n/a" if not np.isfinite(x) else f"{x:.3f}"

@@ -23,12 +23,15 @@ import pandas as pd
 
 from data_modules import lexical
 from grounding.checkpoints import checkpoint_class, require_checkpoint_of
+from grounding.docs_tables import provenance, write_record
+from grounding.errors import UserInputError
 from grounding.nets import class_of
 from grounding.semantic_space import clustering, composition, concreteness, intervals, property_norms
 from grounding.semantic_space.embeddings import LanguageStreamError, WordEmbedder, load_language_stream
 from grounding.utils.io import atomic_path
 
 PARTS = ("concreteness", "property_norms", "clustering", "composition", "word_similarity")
+INTERVAL_PARTS = ("concreteness", "property_norms", "clustering", "word_similarity")  # the parts that add intervals
 
 # Table 2 of the paper: query phrase, target, and the paper's (cosine, rank) for Bert / Grounded / Relational.
 PAPER_TABLE2 = [
@@ -499,8 +502,35 @@ def _write_report_files(run: _ReportRun, md: list[str]) -> None:
         {**run.cfg, "identities": {n: run.emb[n]["identity"] for n in run.names}}, sort_keys=False))
 
 
-def run_report(config: dict) -> Path:
-    """Run the analyses in ``config`` (see ``DEFAULTS``) and write the report folder; returns it."""
+RECORD_NOTE = ("Written by python -m grounding.semantic_space --record: one row a measure of the report's paired "
+               "bootstrap intervals (its intervals.csv): each model's value on all units (m<i>, the labels name the models) "
+               "with its percentile interval over resamples of the units, and each later model minus the first (d<i>) "
+               "with its paired interval (the same resamples). seeds is the resample seed (intervals_part.seed) when the "
+               "config file or the command line names it, else null (resample_seed is the one used); the models' "
+               "training seeds are their checkpoints' (models), not known to this command.")
+
+
+def write_intervals_record(path: str | Path, found: list[intervals.Interval], cfg: dict, provenance_keys: dict) -> Path:
+    """The report's intervals as a record (:mod:`grounding.docs_tables`): rows from
+    :func:`grounding.semantic_space.intervals.record_rows`, with ``provenance_keys`` and the models, resamples,
+    confidence and resample seed behind them."""
+    if not found:
+        raise UserInputError(f"--record {path}: this report has no intervals (intervals_part.n_resamples "
+                             f"{cfg['intervals_part']['n_resamples']}, parts {cfg['parts']}); give --bootstrap N > 0 and "
+                             f"one of the parts {list(INTERVAL_PARTS)}")
+    ip = cfg["intervals_part"]
+    columns, labels, rows = intervals.record_rows(found, ip["confidence"])
+    return write_record(path, columns, rows, provenance_keys, title="Semantic space: paired bootstrap intervals",
+                        provenance_note=RECORD_NOTE, labels=labels,
+                        models=[{"name": m["name"], "source": str(m["source"])} for m in cfg["models"]],
+                        resamples=ip["n_resamples"], confidence=ip["confidence"], resample_seed=ip["seed"],
+                        report=str(Path(cfg["out"]) / "report.md"))
+
+
+def run_report(config: dict, record: str | Path | None = None, record_provenance: dict | None = None) -> Path:
+    """Run the analyses in ``config`` (see ``DEFAULTS``) and write the report folder; returns it. With ``record``
+    (a path), also the intervals table as a record there, with ``record_provenance`` (default: :func:`provenance`
+    of this process)."""
 
     cfg = merge_config(config)
     check_model_classes(cfg["models"])
@@ -519,6 +549,9 @@ def run_report(config: dict) -> Path:
         md += _intervals_section(run)
         _write_report_files(run, md)
     print(f"[semantic_space] report written to {out}", flush=True)
+    if record is not None:
+        written = write_intervals_record(record, run.found, cfg, record_provenance or provenance())
+        print(f"[semantic_space] record written to {written}", flush=True)
     return out
 
 def _safe(name: str) -> str:
