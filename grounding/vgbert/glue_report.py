@@ -152,28 +152,26 @@ def glue_intervals(runs: list[Predictions], n_resamples: int = 1000, confidence:
     runs[0] (in percent)."""
     models = [r.name for r in runs]
     out: list[Interval] = []
-    task_full: dict[str, list[np.ndarray]] = defaultdict(list)
-    task_boot: dict[str, list[np.ndarray]] = defaultdict(list)
-    for eval_set in common_sets(runs):
-        task = task_of_set(eval_set)
-        _, _, labels = runs[0].sets[eval_set]
-        predictions = np.stack([r.sets[eval_set][1] for r in runs])
-        n = len(labels)
-        idx = resample_indices(n, n_resamples, zlib.crc32(f"{seed}:{eval_set}".encode()))
-        for metric in task.metrics:
-            full = 100 * resampled_metric(metric, predictions, labels, np.arange(n)[None])[:, 0]
-            boot = 100 * resampled_metric(metric, predictions, labels, idx)
-            out.append(interval_of_resamples(full, boot, models, f"{eval_set} {metric}", "examples", n, confidence))
-            task_full[task.key].append(full)
-            task_boot[task.key].append(boot)
-    per_task = {}
-    for key in task_full:
-        full, boot = np.mean(task_full[key], axis=0), np.mean(task_boot[key], axis=0)
-        per_task[key] = (full, boot)
-        if len(task_full[key]) > 1:  # MRPC, STS-B, MNLI: the task's mean of its metrics (what the averages use)
-            out.append(interval_of_resamples(full, boot, models, f"{key} (mean)", "examples",
-                                             sum(len(runs[0].sets[s][2]) for s in runs[0].sets
-                                                 if task_of_set(s).key == key), confidence))
+    per_task: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    sets = common_sets(runs)
+    for task in dict.fromkeys(task_of_set(s) for s in sets):  # GLUE's order; a task's mean after its metrics
+        fulls, boots, n_task = [], [], 0
+        for eval_set in (s for s in sets if task_of_set(s) == task):
+            _, _, labels = runs[0].sets[eval_set]
+            predictions = np.stack([r.sets[eval_set][1] for r in runs])
+            n = len(labels)
+            n_task += n
+            idx = resample_indices(n, n_resamples, zlib.crc32(f"{seed}:{eval_set}".encode()))
+            for metric in task.metrics:
+                full = 100 * resampled_metric(metric, predictions, labels, np.arange(n)[None])[:, 0]
+                boot = 100 * resampled_metric(metric, predictions, labels, idx)
+                out.append(interval_of_resamples(full, boot, models, f"{eval_set} {metric}", "examples", n, confidence))
+                fulls.append(full)
+                boots.append(boot)
+        per_task[task.key] = (np.mean(fulls, axis=0), np.mean(boots, axis=0))
+        if len(fulls) > 1:  # MRPC, STS-B, MNLI: the task's mean of its metrics (what the averages use)
+            out.append(interval_of_resamples(*per_task[task.key], models, f"{task.key} (mean)", "examples", n_task,
+                                             confidence))
     for label, keys in ((GLUE_AVERAGE, list(per_task)),
                         (PAPER_TASKS_AVERAGE, [k for k in per_task if k in PAPER_TABLE12["Bert"]])):
         if keys:
@@ -241,7 +239,7 @@ def record_rows(intervals: list[Interval]) -> tuple[list[str], dict[str, str], l
     for iv in intervals:
         bert, deltas = paper_values(iv.measure, tasks)
         row = {"measure": iv.measure, "n": iv.n_units, "paper_bert": bert,
-               "paper_delta": " / ".join(f"{d:+.1f}" for d in deltas) if deltas else None}
+               "paper_delta": " / ".join(f"{d:+.1f}".replace("-", "−") for d in deltas) if deltas else None}
         for i in range(len(models)):
             row.update({f"m{i}": float(iv.value[i]), f"m{i}_low": float(iv.low[i]), f"m{i}_high": float(iv.high[i])})
             if i:
@@ -271,7 +269,7 @@ def markdown(intervals: list[Interval], runs: list[Predictions], confidence: flo
     columns, labels, rows = record_rows(intervals)
     models = intervals[0].models
     head = ["measure (dev, %)"] + models + [f"{m} − {models[0]}" for m in models[1:]] + ["direction"] * (len(models) > 1)
-    head += ["paper: Bert", "paper: grounded − Bert"]
+    head += ["paper: Bert", "paper: G-4 / G-8 / G-12 / Rel-2 − Bert"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["measure"]] + [_cell(row[f"m{i}"], row[f"m{i}_low"], row[f"m{i}_high"]) for i in range(len(models))]
