@@ -263,8 +263,9 @@ glue_753_stage1 := outputs/vgbert/stage1_flickr8k_753
 fit_when_missing = ls $(1)/checkpoints/best-*.ckpt >/dev/null 2>&1 || { echo "no checkpoint in $(1): fitting $(2)"; \
   $(CLI) fit --config $(2) --trainer.default_root_dir $(1); }; $(call link_best,$(1))
 # $(call glue_probe_of,OUT,CHECKPOINT): make glue into OUT (the checkpoint's language stream; none: MiniLM) unless
-# OUT already holds its test predictions
-glue_probe_of = test -f $(1)/glue_predictions.test.csv || $(MAKE) --no-print-directory glue GLUE_OUT=$(1) \
+# OUT already holds its test predictions, newer than the checkpoint (a refitted stage is probed again)
+glue_probe_of = test $(if $(2),$(1)/glue_predictions.test.csv -nt $(2),-f $(1)/glue_predictions.test.csv) || \
+  $(MAKE) --no-print-directory glue GLUE_OUT=$(1) \
   GLUE_ARGS="$(if $(2),--model.init_args.init_from $(2)) $(GLUE_ARGS)"
 glue_table12_run = $(if $(filter full,$(1)),"Grounded (6,000 photos)=outputs/glue/stage1_flickr8k_full") \
   $(if $(filter 753,$(1)),"Grounded (753 photos)=outputs/glue/stage1_flickr8k_753") \
