@@ -588,7 +588,9 @@ semclip: install  ## SemCLIP: world STE, alignment transform on the baseline VLM
 # SemCLIP on real photos: Γ_t aligns the Flickr8k dual encoder to the WordNet STE on the Flickr8k training images'
 # captions (experiments/semclip/align_flickr8k.yaml), then Tables 3-4 on the 125 test photos with bootstrap intervals,
 # SemCLIP vs the base VLM, and the diagnosis (reports/semclip/flickr8k/report.md). The VLM, the STE and Γ_t are
-# trained first when missing (delete $(FLICKR8K_SEMCLIP_OUT)/transform.pt to retrain Γ_t).
+# trained first when missing (delete $(FLICKR8K_SEMCLIP_OUT)/transform.pt to retrain Γ_t). FLICKR8K_SEMCLIP_ARGS passes
+# extra arguments to evaluate: FLICKR8K_SEMCLIP_ARGS="--ks 1 5 10 --bootstrap 1000 --seed 0 --record NAME" also writes
+# Tables 3-4 as docs/records/NAME.json.
 FLICKR8K_BASELINE_OUT := outputs/vgbert/baseline_flickr8k
 FLICKR8K_SEMCLIP_CONFIG ?= experiments/semclip/align_flickr8k.yaml
 FLICKR8K_SEMCLIP_OUT ?= outputs/semclip/align_flickr8k

@@ -65,3 +65,20 @@ def tiny_world_ste(folder: Path, dim: int = 16, seed: int = 0) -> Path:
 
 def world_vocabulary_json(world: Path) -> dict:
     return json.loads((Path(world) / "world.json").read_text())["vocabulary"]
+
+
+def markdown_tables(text: str) -> list[list[str]]:
+    """The Markdown tables of a report in order, each as its lines (header, separator, rows)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def table_cells(line: str) -> list[str]:
+    """The cells of one Markdown table line, stripped."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
+from semclip_helpers import markdown_tables, table_cells, tiny_baseline_ckpt, tiny_world_ste
 
 
 # ------------------------------------------------------------------------------------------------ bootstrap
@@ -254,12 +255,12 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
     captions.write_text("".join(f"train_{i}.jpg#0\t{c}\n" for i, c in enumerate(bank)))
     train_list.write_text("".join(f"train_{i}.jpg\n" for i in range(len(bank))))
 
-    def evaluate(name, **provenance):
+    def evaluate(name, *extra, **provenance):
         path = save_transform(photo_inputs["transform"], tmp_path / name, vlm=photo_inputs["vlm"].spec,
                               ste=str(root / "ste"), captions=str(captions), lexical_variants=False, val_fraction=0.3,
                               **provenance)
         main(["evaluate", "--transform", str(path), "--photos", str(root), "--photo-captions", "tokens.txt",
-              "--split", "test", "--bootstrap", "30", "--out", str(tmp_path / "out")])
+              "--split", "test", "--bootstrap", "30", "--out", str(tmp_path / "out"), *extra])
 
     # refused, exit 2, when Γ_t's captions are not restricted to other images, or include an evaluated photo's
     leaky = tmp_path / "train_and_test.txt"
@@ -268,10 +269,17 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
         with pytest.raises(SystemExit) as exit_info:
             evaluate(name, **provenance)
         assert exit_info.value.code == 2 and "caption_images" in capsys.readouterr().err
-    evaluate("transform.pt", caption_images=str(train_list))
+    evaluate("transform.pt", "--record", str(tmp_path / "records" / "photos.json"), caption_images=str(train_list))
     assert "Table 4" in capsys.readouterr().out
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["split"] == "test" and results["ks"] == [1, 5, 10] and results["bootstrap"]["n_resamples"] == 30
+    # --record: Tables 3-4 as a record, the report's numbers under its headers, with the provenance
+    record = json.loads((tmp_path / "records" / "photos.json").read_text())
+    _assert_record_holds_the_report_tables(record, (tmp_path / "out" / "report.md").read_text())
+    assert record["config"] == [str(tmp_path / "transform.pt")] and record["seeds"] == [0]
+    assert record["systems"] == results["systems"] and record["resamples"] == 30 and record["ks"] == [1, 5, 10]
+    assert record["inputs"]["image_list"].endswith("Flickr_8k.testImages.txt") and record["bank"] == "tagging"
+    assert record["report"] == str(tmp_path / "out" / "report.md") and record["command"].startswith("python")
     assert results["provenance"]["image_list"].endswith("Flickr_8k.testImages.txt")
     assert results["provenance"]["image_neighbours"] == 1 and results["image_neighbours"] == 1
     with pytest.raises(SystemExit) as exit_info:  # a k below 1: one line, exit 2
@@ -303,6 +311,82 @@ def test_evaluate_command_photo_mode(photo_inputs, tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as exit_info:
         main(["summarize", "--reports", str(tmp_path / "nowhere"), "--out", str(tmp_path / "sum2")])
     assert exit_info.value.code == 2 and "results.json" in capsys.readouterr().err
+
+
+def _assert_record_holds_the_report_tables(record: dict, md: str) -> None:
+    """The record validates and holds report.md's Tables 3 and 4: its rows in the report's order, each cell's numbers
+    (mean or Δ, then the interval) in the row of that system under the column the header labels."""
+    from grounding.docs_tables import validate_record
+
+    validate_record(record, "the record")
+    by_system = {r["system"]: r for r in record["rows"]}
+    column = {label: c for c, label in record["labels"].items() if not c.endswith("_ci")}
+    table3, table4 = markdown_tables(md)[:2]
+    assert [table_cells(line)[0] for line in table3[2:]] == [r["system"] for r in record["rows"]]
+    for lines in (table3, table4):
+        headers = table_cells(lines[0])
+        assert headers[0] == "System" and all(h in column for h in headers)
+        assert [column[h] for h in headers] == [c for c in record["columns"] if c in {column[h] for h in headers}]
+        for line in lines[2:]:
+            cells = table_cells(line)
+            row = by_system[cells[0]]
+            for header, text in zip(headers[1:], cells[1:]):
+                c = column[header]
+                numbers = [row[c], row[f"{c}_low"], row[f"{c}_high"]]
+                if "skipped" in row:
+                    assert numbers == [None] * 3 and text in ("", f"skipped: {row['skipped']}")
+                    continue
+                printed = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", text)]
+                assert printed == pytest.approx([x for x in numbers if x is not None], abs=5e-4 + 1e-9), (cells[0], header)
+
+
+def test_photo_record_rows_by_hand(tmp_path):
+    """Tables 3–4 as record rows on a hand-built result: the systems, the skipped ones, then the Δ rows; a mean and
+    its interval as X, X_low, X_high (NaN: null), the report's headers as labels; the written record validates."""
+    from grounding.docs_tables import provenance, render_table, validate_record
+    from grounding.semclip.photo_evaluation import photo_record_table, write_photo_record
+
+    nan = float("nan")
+
+    def cell(mean, low, high, diff, diff_low, diff_high):
+        return {"mean": mean, "low": low, "high": high, "diff": diff, "diff_low": diff_low, "diff_high": diff_high,
+                "units": 4, "queries": 2}
+    metrics = ["overlap@1"] + [f"{d} {m}" for d in ("t2i", "i2t") for m in ("ndcg@10", "map", "recall@10")]
+    results = {"table": {m: {"VLM": cell(0.5, 0.4, 0.6, 0.0, 0.0, 0.0), "SemCLIP": cell(0.25, nan, nan, -0.25, -0.3, -0.2)}
+                         for m in metrics},
+               "ks": [1], "systems": ["VLM", "SemCLIP"], "skipped": {"Heads": "no checkpoint"}, "split": "test",
+               "bootstrap": {"confidence": 0.9, "n_resamples": 7, "seed": 3, "method": "percentile"},
+               "n_images": 2, "n_queries": 4, "n_nouns": 2, "n_pairs": 2}
+    columns, labels, rows = photo_record_table(results)
+    assert columns[:3] == ["system", "overlap_at1", "overlap_at1_ci"] and len(columns) == 1 + 2 * len(metrics)
+    assert (labels["system"], labels["overlap_at1"], labels["overlap_at1_ci"]) == ("System", "Overlap@1", "90 % CI")
+    assert (labels["t2i_ndcg_at10"], labels["t2i_map"], labels["i2t_recall_at10"]) == ("t2i NDCG@10", "t2i mAP", "i2t R@10")
+    assert [r["system"] for r in rows] == ["VLM", "SemCLIP", "Heads", "Δ SemCLIP"]
+    assert (rows[0]["overlap_at1"], rows[0]["overlap_at1_low"], rows[0]["overlap_at1_high"]) == (0.5, 0.4, 0.6)
+    assert (rows[1]["t2i_map"], rows[1]["t2i_map_low"], rows[1]["t2i_map_high"]) == (0.25, None, None)
+    assert rows[2]["skipped"] == "no checkpoint" and rows[2]["i2t_map"] is None
+    assert (rows[3]["i2t_map"], rows[3]["i2t_map_low"], rows[3]["i2t_map_high"]) == (-0.25, -0.3, -0.2)
+    path = write_photo_record(tmp_path / "r.json", results, provenance(config=["a.yaml"], seeds=[3]),
+                              inputs={"transform": tmp_path / "t.pt"})
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    assert record["rows"] == rows and record["labels"] == labels and record["columns"] == columns
+    assert record["resamples"] == 7 and record["seeds"] == [3] and record["systems"] == ["VLM", "SemCLIP"]
+    assert record["inputs"] == {"transform": str(tmp_path / "t.pt")}
+    assert "| VLM | 0.5 | [0.4, 0.6] |" in render_table(record)
+
+
+def test_evaluate_record_bad_name_exits_2_before_any_work(tmp_path, capsys):
+    """`evaluate --record` with a name that cannot be a record: one line, exit 2, before Γ_t is looked for."""
+    from grounding.semclip.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--transform", str(tmp_path / "none.pt"), "--photos", str(tmp_path), "--out",
+              str(tmp_path / "out"), "--record", "no good"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "evaluate: --record" in err and "'no good'" in err and "none.pt" not in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_make_target_evaluates_after_the_fit():

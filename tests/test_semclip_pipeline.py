@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from semclip_helpers import tiny_baseline_ckpt, tiny_world_ste
+from semclip_helpers import markdown_tables, tiny_baseline_ckpt, tiny_world_ste
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +236,7 @@ def test_stability_and_retrieval_on_hand_made_cases():
 
 
 def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path, monkeypatch, capsys):
+    from grounding.docs_tables import render_table, validate_record
     from grounding.semclip.__main__ import main
     from grounding.semclip.alignment import AlignmentTransform, fit_alignment, save_transform
     from grounding.semclip.alignment_data import AlignmentPairsDataModule
@@ -251,7 +252,8 @@ def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path
     fit_alignment(transform, pairs["vlm_text"][train_idx], pairs["targets"][train_idx], epochs=5, batch_size=64)
     path = save_transform(transform, tmp_path / "transform.pt", **dm_args)
     out = tmp_path / "report"
-    main(["evaluate", "--transform", str(path), "--world", str(tiny_world), "--out", str(out), "--ks", "1", "5"])
+    main(["evaluate", "--transform", str(path), "--world", str(tiny_world), "--out", str(out), "--ks", "1", "5",
+          "--record", str(tmp_path / "world.json")])
     assert "Table 3" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"README.md", "stability.csv", "stability_pairs.csv", "retrieval.csv",
                                                "recovery.csv", "results.json"}
@@ -262,6 +264,15 @@ def test_evaluate_command_writes_the_report(semclip_inputs, tiny_world, tmp_path
     results = json.loads((out / "results.json").read_text())
     assert results["n_pairs"] == 12 and set(results["recovery"]) == {"train", "val"}
     assert len(list(csv.DictReader(open(out / "retrieval.csv")))) == 6
+    # --record: Tables 3-4 as one record whose rows render back to the report's two tables
+    record = json.loads((tmp_path / "world.json").read_text())
+    validate_record(record, "world.json")
+    table3, table4 = markdown_tables((out / "README.md").read_text())[:2]
+    assert render_table(record, columns=record["columns"][:3], digits=3) == "\n".join(table3) + "\n"
+    assert render_table(record, columns=["system", *record["columns"][3:]], digits=3) == "\n".join(table4) + "\n"
+    assert record["columns"][:3] == ["system", "overlap_at1", "overlap_at5"] and len(record["columns"]) == 9
+    assert record["config"] == [str(path)] and record["seeds"] is None and record["n_pairs"] == 12
+    assert record["systems"] == ["VLM", "SemCLIP (STE query)", "SemCLIP (Γ_t query)"] and record["inputs"]["world"] == str(tiny_world)
 
 
 def test_ties_are_broken_at_random_with_a_seed_not_by_index():

@@ -8,8 +8,10 @@ import random
 
 import pytest
 import torch
+from semclip_helpers import markdown_tables
 
 from data_modules.wordnet_lists import SimilarityLists
+from grounding.docs_tables import render_table, validate_record
 from grounding.semclip.evaluation import (
     SIMLEX_BLOCKS,
     SIMLEX_EDGES,
@@ -217,7 +219,7 @@ def test_report_full_protocol_and_sample(tmp_path):
     (ws / "EN-RG-65.txt").write_text("w1\tw2\t3.0\nw3\tw4\t1.0\nw5\tw6\t2.0\nw7\tw8\t4.0\n")
     wn = FakeWordNet({f"w{i}": "n" for i in range(150)} | {"wife": "n", "husband": "n"})
     out = write_report(tmp_path / "ste", tmp_path / "full", encoders=(), word_similarity=ws, cap_statistics=False,
-                       wn=wn, queries=queries)
+                       wn=wn, queries=queries, record=tmp_path / "records" / "ste.json")
     meta = json.loads((out / "meta.json").read_text())
     n = len(queries.words) - 1  # the absent query is outside the STE
     assert meta["protocol"] == f"all {n} queries" and meta["wordnet_queries"] == n + 1
@@ -227,6 +229,14 @@ def test_report_full_protocol_and_sample(tmp_path):
     table2 = (out / "table2.csv").read_text().splitlines()
     assert table2[0].startswith("dataset,pairs,wordnet_filtered,STE,STE all pairs,paper dataset")
     assert any(line.startswith("EN-SIMLEX-999-N,666,") for line in table2)
+    # record=: Tables 1 and 2 as one record, each rendering back to the README's table
+    record = json.loads((tmp_path / "records" / "ste.json").read_text())
+    validate_record(record, "ste.json")
+    for number, lines in zip(("1", "2"), markdown_tables(readme)[:2]):
+        rendered = render_table(record, columns=record["tables"][number]["columns"], where=("table", [number]), digits=3)
+        assert rendered.replace("–", "—") == "\n".join(lines) + "\n", number
+    assert record["config"] == [str(tmp_path / "ste"), str(ws)] and record["seeds"] is None and record["sample"] is None
+    assert record["protocol"] == f"all {n} queries" and record["report"] == str(out / "README.md")
     sampled = write_report(tmp_path / "ste", tmp_path / "sampled", encoders=(), word_similarity=ws,
                            cap_statistics=False, wn=wn, queries=queries, sample=5, seed=3)
     meta = json.loads((sampled / "meta.json").read_text())

@@ -8,6 +8,9 @@
       --split test --out reports/semclip/flickr8k
   python -m grounding.semclip hard-negative-embeddings --vlm suite:CKPT --images data/flickr30k/flickr30k-images --out emb.npz
 
+report and evaluate take --record NAME: the report's main table (report: Tables 1-2; evaluate: Tables 3-4) also as
+docs/records/NAME.json (or a path ending in .json), the record the docs render it from (grounding.docs_tables).
+
 Training itself goes through the suite's LightningCLI:
   python -m grounding fit --config experiments/semclip/ste_wordnet.yaml
   python -m grounding fit --config experiments/semclip/align_world.yaml
@@ -28,6 +31,8 @@ from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter
 
 from data_modules.wordnet_lists import SimilarityListConfig, build_similarity_lists, read_curated_lists
 from grounding.checkpoints import load_checkpoint_file, require_checkpoint_of
+from grounding.docs_tables import DocsTableError, record_path
+from grounding.docs_tables import provenance as record_provenance
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import resolve_path
 from grounding.semclip.alignment import check_fitted_vlm, load_transform, minilm_lexical_variants
@@ -38,10 +43,11 @@ from grounding.semclip.photo_evaluation import (
     evaluate_photos,
     lazy,
     read_photo_split,
+    write_photo_record,
     write_photo_report,
     write_photo_summary,
 )
-from grounding.semclip.stability import evaluate_world, write_world_report
+from grounding.semclip.stability import evaluate_world, write_world_record, write_world_report
 from grounding.semclip.ste import SemanticTextEmbedding, STEEmbedding
 from grounding.semclip.vlm import list_images, load_vlm
 from grounding.stage_config import expand_config_bases, stage_config_parser
@@ -71,14 +77,28 @@ def _export(args):
     print(f"wrote {module.embedding().save(args.out)}")
 
 
+def _record(args, command: str) -> Path | None:
+    """``--record NAME`` as the record's path (docs/records/NAME.json, or a path ending in .json), None without it;
+    a bad name is a UsageError (one line, exit 2), named before any work."""
+    if args.record is None:
+        return None
+    try:
+        return record_path(args.record)
+    except DocsTableError as e:
+        raise UsageError(f"{command}: --record: {e}") from None
+
+
 def _report(args):
+    record = _record(args, "report")
     if not resolve_path(args.ste).exists():  # before WordNet and the encoders load (minutes)
         raise UsageError(f"--ste {args.ste} does not exist: give an exported STE folder (`make ste` writes "
                          "outputs/semclip/ste_wordnet/embedding) or a word2vec text file.")
     out = write_report(ste=args.ste, out=args.out, encoders=args.encoders, word_similarity=args.word_similarity,
                        sample=args.sample if args.sample is not None else args.max_queries, batch_size=args.batch_size,
-                       cap_statistics=args.cap_statistics)
+                       cap_statistics=args.cap_statistics, record=record)
     print((Path(out) / "README.md").read_text())
+    if record is not None:
+        print(f"wrote the record {record}")
 
 
 def alignment_config(path: str) -> dict:
@@ -110,6 +130,7 @@ def _check_evaluate_arguments(args) -> None:
 
 def _evaluate(args):
     _check_evaluate_arguments(args)
+    record = _record(args, "evaluate")
     cfg = alignment_config(args.config) if args.config else {"data": {}, "export_path": None}
     transform_path = args.transform or cfg["export_path"]
     if not transform_path:
@@ -146,9 +167,18 @@ def _evaluate(args):
     results = evaluate_world(vlm, transform, ste, args.world, pairs=pairs, train_idx=train_idx, val_idx=val_idx,
                              bank_captions=bank, splits=args.splits, ks=args.ks or [1, 5, 10, 50],
                              query_modes=args.query_modes, image_neighbours=args.image_neighbours)
-    out = write_world_report(results, args.out, provenance={**provenance, "bank_files": args.bank_files,
-                                                            "image_neighbours": args.image_neighbours})
+    inputs = {**provenance, "world": args.world, "bank_files": args.bank_files, "image_neighbours": args.image_neighbours}
+    out = write_world_report(results, args.out, provenance={k: v for k, v in inputs.items() if k != "world"})
     print((Path(out) / "README.md").read_text())
+    if record is not None:
+        write_world_record(record, results, record_provenance(config=_evaluated_files(args, transform_path)), inputs=inputs,
+                           report=Path(out) / "README.md")
+        print(f"wrote the record {record}")
+
+
+def _evaluated_files(args, transform_path: str) -> list[str]:
+    """The record's ``config``: the alignment config (when given) and the Γ_t file evaluated."""
+    return [str(p) for p in (args.config, transform_path) if p]
 
 
 def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_args, provenance):
@@ -199,12 +229,18 @@ def _evaluate_photos(args, vlm, transform, ste, pairs, train_idx, val_idx, dm_ar
                               image_neighbours=args.image_neighbours, bank=args.bank_captions,
                               tagging_captions=args.tagging_captions, tagging_seed=args.tagging_seed,
                               distractors=distractors)
-    out = write_photo_report(results, args.out, title=args.title or f"SemCLIP on {root.name} ({args.split} photos)",
-                             provenance={**provenance, "photos": str(root), "photo_captions": str(at_root(args.photo_captions)),
-                                         "image_list": str(image_list), "image_dir": args.image_dir,
-                                         "bank_captions": args.bank_captions, "distractors": args.distractors,
-                                         "image_neighbours": args.image_neighbours})
+    title = args.title or f"SemCLIP on {root.name} ({args.split} photos)"
+    inputs = {**provenance, "photos": str(root), "photo_captions": str(at_root(args.photo_captions)),
+              "image_list": str(image_list), "image_dir": args.image_dir, "bank_captions": args.bank_captions,
+              "distractors": args.distractors, "image_neighbours": args.image_neighbours}
+    out = write_photo_report(results, args.out, title=title, provenance=inputs)
     print((Path(out) / "report.md").read_text())
+    record = _record(args, "evaluate")
+    if record is not None:
+        write_photo_record(record, results, record_provenance(config=_evaluated_files(args, provenance["transform"]),
+                                                              seeds=[args.seed]),
+                           inputs=inputs, report=Path(out) / "report.md", title=title)
+        print(f"wrote the record {record}")
 
 
 def _summarize(args):
@@ -262,6 +298,9 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--cap-statistics", type=bool, default=True,
                    help="report what the 64-member list cap truncates in the whole-WordNet lists (built uncapped once, cached)")
     r.add_argument("--batch-size", type=int, default=512)
+    r.add_argument("--record", type=Optional[str], default=None,
+                   help="also write Tables 1 and 2 with their provenance to docs/records/NAME.json (or this path "
+                        "ending in .json), the record the docs render them from")
     v = _subcommand(sub, "evaluate", "retrieval stability (Table 3), synonym-augmented retrieval (Table 4) and the "
                                      "alignment recovery error on the embedded world, or with --photos on a photo split "
                                      "(bootstrap intervals, diagnosis), SemCLIP vs the base VLM")
@@ -306,6 +345,9 @@ def build_parser() -> ArgumentParser:
                    help="Eq. 7: each image is Γ_t of its nearest bank text (1, the paper's); k > 1, an ablation: the mean "
                         "of Γ_t of its k nearest")
     v.add_argument("--out", type=str, required=True)
+    v.add_argument("--record", type=Optional[str], default=None,
+                   help="also write Tables 3-4 (a row per system; with --photos each interval and the Δ rows) with "
+                        "their provenance to docs/records/NAME.json (or this path ending in .json)")
     m = _subcommand(sub, "summarize", "one table of several photo reports (base VLMs x bank protocols x stores)")
     m.add_argument("--reports", type=str, nargs="+", required=True, help="report folders written by evaluate --photos")
     m.add_argument("--out", type=str, required=True, help="the folder of summary.md / summary.csv")

@@ -35,11 +35,13 @@ from scipy import stats
 
 from data_modules.lexical import read_simlex_release, read_word_similarity
 from data_modules.wordnet_lists import SimilarityListConfig, SimilarityLists, config_key, lemma_surface, load_or_build
+from grounding.docs_tables import provenance, write_record
 from grounding.encoders import load_text_encoder, load_tokenizer
 from grounding.errors import MissingInputError, UserInputError
 from grounding.lexicon import wordnet
 from grounding.paths import cache_dir, shared_data_dir
 from grounding.semclip.ste import STEEmbedding
+from grounding.summary_tables import finite_float
 from grounding.utils.io import atomic_path, sha1_of_json
 
 # ------------------------------------------------------------------------------------------
@@ -509,8 +511,9 @@ def _csv(rows: list[dict]) -> str:
 def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("minilm",), word_similarity: str | Path | None = None,
                  sample: int | None = None, batch_size: int = 512, seed: int = 0, max_queries: int | None = None,
                  cap_statistics: bool = True, wn=None, queries: SynonymQueries | None = None,
-                 forms: Sequence[str] | None = None, chunk: int = 512) -> Path:
-    """Table 1 + Table 2 for the STE (and text encoders) into ``out/`` (README.md + CSVs + meta.json).
+                 forms: Sequence[str] | None = None, chunk: int = 512, record: str | Path | None = None) -> Path:
+    """Table 1 + Table 2 for the STE (and text encoders) into ``out/`` (README.md + CSVs + meta.json); with
+    ``record`` (a path), also both tables as a record there (:func:`write_report_record`).
 
     Table 1 is the full protocol (every single-sense noun query) unless ``sample`` (``max_queries``, its older
     name) draws that many queries (seeded). ``cap_statistics``: the 64-member list cap's effect on the whole-WordNet
@@ -589,6 +592,10 @@ def write_report(ste: str | Path, out: str | Path, encoders: Sequence[str] = ("m
                                                    "paper": {"table1_coverage": PAPER_TABLE1["STE"][2],
                                                              "table2": {d: [v[3], v[4]] for d, v in PAPER_TABLE2.items()}},
                                                    "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+    if record is not None:
+        write_report_record(record, coverage, ws_rows, provenance(config=[str(ste), str(ws_dir)]), encoders=list(encoders),
+                            protocol=protocol, wordnet_queries=all_queries, sample=sample,
+                            sample_seed=seed if sample is not None else None, report=str(out / "README.md"))
     return out
 
 
@@ -633,6 +640,78 @@ PAPER_TABLE2 = {
 PAPER_TABLE1 = {"CLIP": (71895, 28070, 0.4927), "SBERT": (71895, 37888, 0.527), "STE": (71895, 67309, 0.877)}
 
 
+TABLE1_COLUMNS = ("embedding", "queries", "queries_in_vocabulary", "synonyms_in_top10", "coverage", "synonym_recall")
+
+
+def table1_rows(coverage: list[dict]) -> list[dict]:
+    """Table 1 as the report shows it: our embeddings' coverage rows, then the paper's."""
+    return list(coverage) + [{"embedding": f"paper: {k}", "queries": q, "synonyms_in_top10": h, "coverage": c}
+                             for k, (q, h, c) in PAPER_TABLE1.items()]
+
+
+def table2_columns(ws_rows: list[dict]) -> list[str]:
+    """The report's Table 2 columns (:func:`table2_rows`' keys, as its header prints them)."""
+    models = list(dict.fromkeys(r["model"] for r in ws_rows))
+    return ["dataset", "pairs", "wordnet_filtered", *models, *[f"{m} all pairs" for m in models],
+            "paper pairs", "paper WordNet filtered", "paper STE", "paper STE (similar subset)"]
+
+
+def _record_key(header: str) -> str:
+    """A report header as a record column: ``STE all pairs`` -> ``ste_all_pairs``."""
+    return re.sub(r"[^0-9a-z]+", "_", header.lower()).strip("_") or "column"
+
+
+def _record_value(value):
+    """A report cell as JSON: a count as an integer, a number as a float (not finite: null), text as text."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return finite_float(value)
+    return str(value)
+
+
+REPORT_TABLES = {1: "Synonym coverage (Table 1)", 2: "Word similarity (Table 2), Spearman"}
+
+
+def report_record_table(coverage: list[dict], ws_rows: list[dict]) -> dict:
+    """Tables 1 and 2 of the report (README.md) as one record table: ``columns``, ``labels``, ``rows`` and ``tables``.
+    Table 1's rows (:func:`table1_rows`, ``table`` 1), then Table 2's (:func:`table2_rows`, ``table`` 2), each cell
+    under its header made a key (``STE all pairs`` -> ``ste_all_pairs``; ``labels``: the headers as printed).
+    ``tables``: each table's title and columns (a marker shows one with ``where=table=N columns=...``)."""
+    parts = {1: (table1_rows(coverage), list(TABLE1_COLUMNS)), 2: (table2_rows(ws_rows), table2_columns(ws_rows))}
+    labels, rows, tables = {"table": "table"}, [], {}
+    for number, (table, headers) in parts.items():
+        keys = {h: _record_key(h) for h in headers}
+        clash = [k for k in keys.values() if k in labels or list(keys.values()).count(k) > 1]
+        if clash:
+            raise ValueError(f"Table {number}: two of its headers ({headers}) or another table's make the record "
+                             f"column {clash[0]!r}; give the encoders distinct names")
+        labels |= {k: h for h, k in keys.items()}
+        tables[str(number)] = {"title": REPORT_TABLES[number], "columns": list(keys.values())}
+        rows += [{"table": number, **{k: _record_value(r.get(h)) for h, k in keys.items()}} for r in table]
+    return {"columns": list(labels), "labels": labels, "rows": rows, "tables": tables}
+
+
+REPORT_RECORD_NOTE = ("Written by python -m grounding.semclip report --record: Tables 1 and 2 of the STE report "
+                      "(README.md) in one table, `table` 1 or 2 (show one with where=table=N and that table's columns, "
+                      "listed under `tables`). Table 1: synonym coverage of each embedding (the STE, then each text "
+                      "encoder) under `protocol`, then the paper's rows. Table 2: Spearman of each benchmark on its "
+                      "WordNet-filtered pairs (a model's column) and on every pair it embeds (`all pairs`), beside the "
+                      "paper's Table 2. config: the STE export and the word-similarity folder read. seeds is null: the "
+                      "STE's training seed is its run's, not known to this command (sample_seed: the query sample's).")
+
+
+def write_report_record(path: str | Path, coverage: list[dict], ws_rows: list[dict], provenance_keys: dict,
+                        **extra) -> Path:
+    """Tables 1 and 2 (:func:`report_record_table`) as a record at ``path`` with ``provenance_keys``
+    (:func:`grounding.docs_tables.provenance`) and ``extra`` (the encoders compared, the protocol, ...)."""
+    t = report_record_table(coverage, ws_rows)
+    return write_record(path, t["columns"], t["rows"], provenance_keys, title="SemCLIP STE report: Tables 1 and 2",
+                        provenance_note=REPORT_RECORD_NOTE, labels=t["labels"], tables=t["tables"], **extra)
+
+
 def _fmt_cell(v) -> str:
     if v is None:
         return "—"
@@ -649,15 +728,8 @@ def _md(rows: list[dict], columns: Sequence[str]) -> str:
 
 def report_markdown(ste, emb: STEEmbedding, coverage: list[dict], ws_rows: list[dict], protocol: str, all_queries: int,
                     subset_notes: dict, cap: dict | None) -> str:
-    cov_cols = ["embedding", "queries", "queries_in_vocabulary", "synonyms_in_top10", "coverage", "synonym_recall"]
     ws_cols = ["dataset", "model", "pairs", "wordnet_filtered", "covered_full", "spearman_full", "covered_wordnet",
                "spearman_wordnet"]
-    paper1 = [{"embedding": f"paper: {k}", "queries": q, "synonyms_in_top10": h, "coverage": c}
-              for k, (q, h, c) in PAPER_TABLE1.items()]
-    t2 = table2_rows(ws_rows)
-    models = list(dict.fromkeys(r["model"] for r in ws_rows))
-    t2_cols = ["dataset", "pairs", "wordnet_filtered", *models, *[f"{m} all pairs" for m in models],
-               "paper pairs", "paper WordNet filtered", "paper STE", "paper STE (similar subset)"]
     lines = ["# SemCLIP STE report\n", f"STE: `{ste}` ({len(emb.keys)} lemma items, dimension {emb.dim}).\n",
              "## Synonym coverage (Table 1)\n",
              f"Protocol: {protocol}. A query is a written noun form (lower case) "
@@ -666,12 +738,12 @@ def report_markdown(ste, emb: STEEmbedding, coverage: list[dict], ws_rows: list[
              "are its lemma items, a text encoder's every WordNet noun form (embedded once). "
              "The paper counts 71,895 queries (\"70,000 single sense nouns\") without a definition that gives that "
              "number on WordNet 3.0; its rows are shown for reference.\n",
-             _md(coverage + paper1, cov_cols),
+             _md(table1_rows(coverage), TABLE1_COLUMNS),
              "\n## Word similarity (Table 2), Spearman\n",
              "Model columns: the WordNet-filtered pairs (both words WordNet nouns), as the paper's STE column; "
              "`all pairs`: every pair the model embeds. `-N`: SimLex-999's noun pairs (the paper's EN-SIMLEX). "
              "The paper's columns: its Table 2 (STE, and STE on its \"similar subset\").\n",
-             _md(t2, t2_cols)]
+             _md(table2_rows(ws_rows), table2_columns(ws_rows))]
     for name, info in subset_notes.items():
         lines.append(f"\n`{name}`: {info['noun_pairs']} noun pairs of {info['pairs']}, from {info['method']}."
                      + (f" For comparison: {info['wordnet_noun_pairs']} pairs have both words as WordNet nouns, "

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from data_modules.file_checks import MissingDataError
 from data_modules.wordnet_lists import LEMMA_KEY
 from grounding.composer.captions import read_captions as read_caption_set
+from grounding.docs_tables import write_record
 from grounding.lexicon import wordnet
 from grounding.paths import cache_dir
 from grounding.semclip.alignment import (
@@ -54,8 +55,11 @@ from grounding.semclip.stability import (
     article,
     bootstrap_means,
     cosine,
+    jsonable,
     method_name,
+    metric_header,
     pair_overlaps,
+    record_column,
     relevance,
     retrieval_per_query,
     synonym_pairs,
@@ -63,10 +67,13 @@ from grounding.semclip.stability import (
     write_csv,
 )
 from grounding.semclip.store import SemCLIPStore
+from grounding.summary_tables import finite_float
 from grounding.utils.io import atomic_path, atomic_write_json
 
 MAX_VARIANTS = 10  # Table 3: "for each query, we use ten synonyms"
 METRICS = ("ndcg@10", "map", "recall@10")
+TABLE4_ROWS = tuple(f"{d} {m}" for d in ("t2i", "i2t") for m in METRICS)  # Table 4's metrics, in its order
+TABLE4_HEADERS = {"ndcg@10": "NDCG@10", "map": "mAP", "recall@10": "R@10"}  # the report's Table 4 header
 EXACT_TARGETS = "Eq. 7 with exact targets (nearest bank text's own STE target, no Γ_t), STE query"
 SKIPPED = {"VG-BERT search heads": "their stage 2 trains on Visual Genome (relations), which is not available "
                                    "offline, so no search-heads checkpoint exists for these photos"}
@@ -593,7 +600,7 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
               f"resamples of the queries, seed {b['seed']}]. Δ: system − {systems[0]}, paired (the same resamples); "
               "* = the interval excludes 0.", "",
               "## Table 3: retrieval stability (overlap@k of a noun's and its synonyms' top-k photos)", "",
-              "| System | " + " | ".join(f"Overlap@{k}" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
+              "| System | " + " | ".join(metric_header(f"overlap@{k}") for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
     lines += [f"| {s} | " + " | ".join(_ci(table[f"overlap@{k}"][s]) for k in ks) + " |" for s in systems]
     lines += [f"| {s} | " + " | ".join(f"skipped: {why}" if i == 0 else "" for i in range(len(ks))) + " |"
               for s, why in results["skipped"].items()]
@@ -603,8 +610,9 @@ def write_photo_report(results: dict, out: str | Path, provenance: dict | None =
                   "all its pairs). Ties (SemCLIP photos sharing their nearest bank text share a vector, Eq. 7) are broken "
                   "at random with a fixed seed (grounding.retrieval_metrics.break_ties), never by photo order.", "",
               "## Table 4: retrieval with synonym-augmented relevance (@10)", "",
-              "| System | t2i NDCG@10 | t2i mAP | t2i R@10 | i2t NDCG@10 | i2t mAP | i2t R@10 |", "|---|---|---|---|---|---|---|"]
-    rows4 = [f"{d} {m}" for d in ("t2i", "i2t") for m in METRICS]
+              "| System | " + " | ".join(metric_header(m, TABLE4_HEADERS) for m in TABLE4_ROWS) + " |",
+              "|---|---|---|---|---|---|---|"]
+    rows4 = list(TABLE4_ROWS)
     lines += [f"| {s} | " + " | ".join(_ci(table[m][s]) for m in rows4) + " |" for s in systems]
     lines += [f"| {s} | skipped: {why} | | | | | |" for s, why in results["skipped"].items()]
     lines += [f"| Δ {s} | " + " | ".join(_diff(table[m][s]) for m in rows4) + " |" for s in systems[1:]]
@@ -734,6 +742,68 @@ def _diagnosis_lines(results, table, systems, reference, rows4, ks) -> list[str]
             lines.append(f"| {s} | " + " | ".join(_ci(c) for c in cells) + " |")
             lines.append(f"| Δ {s} | " + " | ".join(_diff(c) for c in cells) + " |")
     return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Records (grounding.docs_tables): Tables 3–4 as data
+# ------------------------------------------------------------------------------------------------
+def _record_cells(table: dict, metrics: Sequence[str], system: str | None,
+                  keys: tuple[str, str, str] = ("mean", "low", "high")) -> dict:
+    """A record row's numbers: for each metric ``X``, ``system``'s ``keys`` (value, low, high) as ``X``, ``X_low``,
+    ``X_high`` (not finite, or no ``system``: null)."""
+    row = {}
+    for metric in metrics:
+        column = record_column(metric)
+        for suffix, key in zip(("", "_low", "_high"), keys):
+            row[column + suffix] = None if system is None else finite_float(table[metric][system][key])
+    return row
+
+
+def photo_record_table(results: dict) -> tuple[list[str], dict[str, str], list[dict]]:
+    """Tables 3–4 of :func:`write_photo_report` as one record table (``columns``, ``labels``, ``rows``), their rows in
+    the report's order: each system (its mean and bootstrap interval per metric), each skipped system (null, with
+    ``skipped``: why), then ``Δ <system>`` for each system after the first (the paired difference to the first and
+    its interval). Columns: ``system``, then ``X`` and ``X_ci`` (``[X_low, X_high]``) for overlap@k of each k
+    (``overlap_at<k>``) and Table 4's six metrics (``t2i_ndcg_at10``, ``t2i_map``, ``t2i_recall_at10``, the same for
+    i2t); labels: the report's headers."""
+    table, systems = results["table"], results["systems"]
+    metrics = [f"overlap@{k}" for k in results["ks"]] + list(TABLE4_ROWS)
+    ci = f"{100 * results['bootstrap']['confidence']:g} % CI"
+    labels = {"system": "System"}
+    for metric in metrics:
+        labels |= {record_column(metric): metric_header(metric, TABLE4_HEADERS), f"{record_column(metric)}_ci": ci}
+    rows = [{"system": s, **_record_cells(table, metrics, s)} for s in systems]
+    rows += [{"system": s, **_record_cells(table, metrics, None), "skipped": why} for s, why in results["skipped"].items()]
+    rows += [{"system": f"Δ {s}", **_record_cells(table, metrics, s, ("diff", "diff_low", "diff_high"))}
+             for s in systems[1:]]
+    return list(labels), labels, rows
+
+
+PHOTO_RECORD_NOTE = ("Written by python -m grounding.semclip evaluate --photos --record: Tables 3–4 of the report "
+                     "(report.md) as one table, its rows in the report's order. A system's row: each metric's mean over "
+                     "the queries with its percentile bootstrap interval (X_low / X_high; the queries resampled by noun "
+                     "with all its synonym pairs, by photo for i2t). A skipped system: null, `skipped` says why. A "
+                     "'Δ <system>' row: that system minus the first (the base VLM), paired (the same resamples); the "
+                     "report stars it where the interval excludes 0. seeds is the bootstrap seed (--seed); the VLM's, "
+                     "the STE's and Γ_t's training seeds are their runs', not known to this command.")
+
+
+def write_photo_record(path: str | Path, results: dict, provenance_keys: dict, inputs: dict | None = None,
+                       report: str | Path | None = None, title: str = "") -> Path:
+    """The photo report's Tables 3–4 (:func:`photo_record_table`) as a record at ``path``, with ``provenance_keys``
+    (:func:`grounding.docs_tables.provenance`), the systems compared, the photos, queries, bank protocol and
+    bootstrap behind the rows, the inputs and the report's path."""
+    columns, labels, rows = photo_record_table(results)
+    b = results["bootstrap"]
+    return write_record(path, columns, rows, provenance_keys, title=title or "SemCLIP on real photos (Tables 3–4)",
+                        provenance_note=PHOTO_RECORD_NOTE, labels=labels, systems=list(results["systems"]),
+                        skipped=dict(results["skipped"]), ks=list(results["ks"]), split=results["split"],
+                        n_images=results["n_images"], n_store_images=results.get("n_store_images"),
+                        n_queries=results["n_queries"], n_nouns=results["n_nouns"], n_pairs=results["n_pairs"],
+                        bank=results.get("bank"), tagging_captions=results.get("tagging_captions"),
+                        image_neighbours=results.get("image_neighbours"), resamples=b["n_resamples"],
+                        confidence=b["confidence"], interval=b["method"], bootstrap_seed=b["seed"],
+                        inputs=jsonable(inputs or {}), report=None if report is None else str(report))
 
 
 SUMMARY_METRICS = ("overlap@10", "t2i ndcg@10", "t2i map", "i2t ndcg@10")

@@ -27,13 +27,18 @@ import numpy as np
 import torch
 from scipy import stats
 
+from grounding.docs_tables import write_record
 from grounding.errors import MissingInputError
 from grounding.retrieval_metrics import break_ties
 from grounding.semclip.alignment import overlap_at_k, recovery_error
 from grounding.semclip.store import SemCLIPStore
+from grounding.summary_tables import finite_float
 from grounding.utils.io import atomic_path
 
 PROMPT = "A photo of"
+DIRECTIONS = ("t2i", "i2t")
+TABLE4_METRICS = ("ndcg@10", "map", "recall@10")
+WORLD_TABLE4_HEADERS = {"ndcg@10": "NDCG", "map": "mAP", "recall@10": "R@10"}  # the world report's Table 4 header
 
 
 @dataclass
@@ -318,15 +323,16 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
               f"(\"{PROMPT} <noun>\" for every object word and synonym), {results['n_pairs']} (noun, synonym) pairs; "
               f"SemCLIP text bank: {results.get('bank_size', 0)} texts (alignment captions + object words).", "",
               "## Table 3: retrieval stability (overlap@k of a noun's and its synonyms' image lists)", "",
-              "| Method | " + " | ".join(f"Overlap@{k}" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
+              "| Method | " + " | ".join(metric_header(f"overlap@{k}") for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
     lines += [f"| {m} | " + " | ".join(f"{r['stability'][k]:.3f}" for k in ks) + " |" for m, r in methods.items()]
     capped = [k for k in ks if k >= n]
     if capped:
         lines += ["", f"k ≥ {n} (the number of images) returns every image: overlap@{', '.join(map(str, capped))} is 1 by "
                       "construction."]
     lines += ["", "## Table 4: retrieval with synonym-augmented ground truth (@10)", "",
-              "| Method | t2i NDCG | t2i mAP | t2i R@10 | i2t NDCG | i2t mAP | i2t R@10 |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {m} | " + " | ".join(f"{r[d][x]:.3f}" for d in ("t2i", "i2t") for x in ("ndcg@10", "map", "recall@10"))
+              "| Method | " + " | ".join(metric_header(f"{d} {x}", WORLD_TABLE4_HEADERS) for d in DIRECTIONS
+                                       for x in TABLE4_METRICS) + " |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m} | " + " | ".join(f"{r[d][x]:.3f}" for d in DIRECTIONS for x in TABLE4_METRICS)
               + " |" for m, r in methods.items()]
     lines += ["", "t2i: one query per object word or synonym with at least one relevant image (R@10 is bounded by "
                   "10 / the number of relevant images); i2t: each image ranks the noun queries, relevant = the words "
@@ -345,3 +351,65 @@ def write_world_report(results: dict, out: str | Path, provenance: dict | None =
     with atomic_path(out / "README.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Records (grounding.docs_tables): Tables 3–4 as data
+# ------------------------------------------------------------------------------------------------
+def record_column(metric: str) -> str:
+    """A Tables 3–4 metric as a record's column: ``overlap@10`` -> ``overlap_at10``, ``t2i ndcg@10`` ->
+    ``t2i_ndcg_at10``."""
+    return metric.replace(" ", "_").replace("@", "_at")
+
+
+def metric_header(metric: str, names: dict[str, str] | None = None) -> str:
+    """A Tables 3–4 metric's column header in a report: ``overlap@10`` -> ``Overlap@10``, ``t2i ndcg@10`` -> ``t2i``
+    and its name in ``names`` (the world report's ``NDCG``, the photo report's ``NDCG@10``)."""
+    if metric.startswith("overlap@"):
+        return "Overlap@" + metric.partition("@")[2]
+    direction, _, name = metric.partition(" ")
+    return f"{direction} {(names or WORLD_TABLE4_HEADERS)[name]}"
+
+
+def world_record_table(results: dict) -> tuple[list[str], dict[str, str], list[dict]]:
+    """Tables 3–4 of :func:`write_world_report` as one record table (``columns``, ``labels``, ``rows``): a row per
+    method (``system``) with its overlap@k for each k (``overlap_at<k>``) and the six Table 4 metrics
+    (``t2i_ndcg_at10``, ``t2i_map``, ``t2i_recall_at10``, the same for i2t); labels: the report's headers. A value
+    that is not finite is null."""
+    ks, methods = results["ks"], results["methods"]
+    metrics = [f"overlap@{k}" for k in ks] + [f"{d} {x}" for d in DIRECTIONS for x in TABLE4_METRICS]
+    labels = {"system": "Method"} | {record_column(m): metric_header(m, WORLD_TABLE4_HEADERS) for m in metrics}
+
+    def value(r: dict, metric: str):
+        if metric.startswith("overlap@"):
+            return finite_float(r["stability"][int(metric.partition("@")[2])])
+        direction, _, name = metric.partition(" ")
+        return finite_float(r[direction][name])
+    rows = [{"system": m, **{record_column(x): value(r, x) for x in metrics}} for m, r in methods.items()]
+    return list(labels), labels, rows
+
+
+WORLD_RECORD_NOTE = ("Written by python -m grounding.semclip evaluate --record (world mode): Tables 3–4 of the report "
+                     "(README.md) as one table, a row per method: overlap@k of a noun's and its synonyms' image lists, "
+                     "then Table 4's NDCG@10 / mAP / R@10 text→image and image→text with synonym-augmented ground truth, "
+                     "each a mean over the queries (no intervals on the world). seeds is null: the VLM's, the STE's and "
+                     "Γ_t's training seeds are their runs', not known to this command.")
+
+
+def write_world_record(path: str | Path, results: dict, provenance_keys: dict, inputs: dict | None = None,
+                       report: str | Path | None = None) -> Path:
+    """The world report's Tables 3–4 (:func:`world_record_table`) as a record at ``path``, with ``provenance_keys``
+    (:func:`grounding.docs_tables.provenance`), the models compared, the images and queries behind the rows, Γ_t's
+    recovery error, the inputs and the report's path."""
+    columns, labels, rows = world_record_table(results)
+    return write_record(path, columns, rows, provenance_keys, title="SemCLIP on the embedded world (Tables 3–4)",
+                        provenance_note=WORLD_RECORD_NOTE, labels=labels, systems=list(results["methods"]),
+                        ks=list(results["ks"]), n_images=results["n_images"], splits=list(results["splits"]),
+                        n_queries=results["n_queries"], n_pairs=results["n_pairs"], bank_size=results.get("bank_size"),
+                        recovery=results.get("recovery") or {}, inputs=jsonable(inputs or {}),
+                        report=None if report is None else str(report))
+
+
+def jsonable(value):
+    """``value`` as plain JSON data (a path or another object as its text)."""
+    return json.loads(json.dumps(value, default=str))
