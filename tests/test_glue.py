@@ -417,3 +417,21 @@ def test_the_probe_trains_on_its_threads_and_restores_torchs(tmp_path, glue_root
         assert seen == [1, 1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_readme_claim_is_the_glue_records():
+    """The claims table's GLUE row (papers_claims) says what docs/records/glue_table12.json holds."""
+    import json
+
+    from grounding.paths import REPO_ROOT
+
+    records = REPO_ROOT / "docs" / "records"
+    glue = json.loads((records / "glue_table12.json").read_text(encoding="utf-8"))
+    claim = next(r for r in json.loads((records / "papers_claims.json").read_text(encoding="utf-8"))["rows"]
+                 if r["command"] == "make glue-table12")
+    row = next(r for r in glue["rows"] if r["measure"].startswith("average of the paper's tasks here"))
+    assert claim["value"] == round(row["d1"], 1)
+    assert claim["interval"] == [round(row["d1_low"], 1), round(row["d1_high"], 1)]
+    assert glue["labels"]["m1"] == "Grounded (6,000 photos)" and claim["commit"] == glue["commit"]
+    holds = row["d1_high"] < 0  # the paper: a small loss
+    assert claim["verdict"] == ("holds" if holds else "does not hold")

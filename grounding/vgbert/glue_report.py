@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import zlib
 from collections import defaultdict
@@ -321,6 +322,17 @@ def plot(intervals: list[Interval], path: Path) -> None:
     tmp.replace(path)
 
 
+def fit_provenance(folder: Path) -> dict | None:
+    """A probe run's fit: the commits its segments ran at, its epochs and seconds (``fit_record.json``; None when
+    the folder has none)."""
+    try:
+        fit = json.loads((Path(folder) / "fit_record.json").read_text(encoding="utf-8"))
+        return {"commits": list(dict.fromkeys(s.get("commit") for s in fit.get("segments", []))),
+                "epochs": fit.get("epochs"), "seconds": fit.get("seconds")}
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def write_report(runs: list[Predictions], out: str | Path, n_resamples: int = 1000, confidence: float = 0.95,
                  seed: int = 0, record: Path | None = None) -> list[Interval]:
     out = Path(out)
@@ -334,7 +346,8 @@ def write_report(runs: list[Predictions], out: str | Path, n_resamples: int = 10
         columns, labels, rows = record_rows(intervals)
         write_record(record, columns, rows, provenance(config=[str(r.folder / "config.yaml") for r in runs], seeds=[seed]),
                      title="VG-BERT's GLUE probe (Table 12) on the data here", labels=labels,
-                     runs={r.name: str(r.folder) for r in runs}, resamples=n_resamples, confidence=confidence,
+                     runs={r.name: str(r.folder) for r in runs}, fits={r.name: fit_provenance(r.folder) for r in runs},
+                     resamples=n_resamples, confidence=confidence,
                      report=str(out / "glue.md"))
     return intervals
 
