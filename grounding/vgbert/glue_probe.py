@@ -343,7 +343,8 @@ class GlueProbe(GroundingModule):
             batch runs the encoder. cache_dir: where (None: ``<cache_dir()>/glue_states``).
         summarise_states: with cached states and a pooling that commutes with the projection (``mean``, ``first``:
             :attr:`SharedPooler.summary`), reduce each example's states to its summary once and train on (B, d)
-            vectors: the same probe (equal up to float rounding; tested), and a step ~20x cheaper on 2 CPU cores.
+            vectors: the same probe (equal up to float rounding; tested), a batch about 14x cheaper to load and a
+            step about 6x cheaper on 2 CPU cores (benchmarks/bench_glue_probe.py).
             false: pool the padded token states every step.
         train_threads: CPU threads while the probe trains from cached states (set after the states are computed,
             restored when the fit ends): its step is a few small matrix products, which more threads slow down on a
@@ -398,7 +399,7 @@ class GlueProbe(GroundingModule):
         if self._encoder_sha1 is None:
             self._encoder_sha1 = state_dict_sha1(self.net.encoder)
         root = Path(self.hparams.cache_dir) if self.hparams.cache_dir else cache_dir() / "glue_states"
-        summary = self.net.pooler.summary if self.hparams.summarise_states else None
+        summary = self.net.pooler.summary if self.hparams.get("summarise_states", True) else None
         for split in splits:
             for file in datamodule.split_files(split):
                 if getattr(file.states, "encoder", None) != self._encoder_sha1:
