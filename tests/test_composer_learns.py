@@ -14,6 +14,7 @@ from data_modules.captions import CaptionRoundsSampler
 from grounding.composer.diagnostics import WORLD_FIT_COMPOSITION, WORLD_FIT_NET, fit_small, fit_world, init_diagnostics
 from grounding.composer.model import Composer, ComposerSizes
 from grounding.composer.training import ComposerLosses, ComposerTraining
+from grounding.docs_tables import invoked_command
 from grounding.nets import constructor_args
 
 # the paper's reading of the same network: [CLS] readout, no skips
@@ -248,7 +249,7 @@ def test_compare_writes_its_record_and_reads_it_back(tmp_path, capsys):
                  "--config", "a.yaml", "--config", "b.yaml"]) == 0
     record = load_record(first, "test")  # the schema
     assert record["config"] == ["a.yaml", "b.yaml"] and record["seeds"] == [0, 1] and record["commit"]
-    assert "grounding" in record["command"] or "pytest" in record["command"]  # this process's command line
+    assert record["command"] == invoked_command()  # this process's command line (a pytest worker's under xdist)
     assert record["models"] == json.loads((tmp_path / "r1" / "compare.json").read_text())["models"]
     assert [(r["model"], r["seed"], r["runs"], r.get("rsum")) for r in record["rows"]] == [
         ("composer", 0, 1, 300.0), ("composer", 1, 1, 320.0), ("vilbert", 0, 0, None), ("composer", None, 2, 310.0),
