@@ -250,8 +250,8 @@ glue: install  ## VG-BERT's GLUE probe (Table 12) of MiniLM on ../shared/data/gl
 # Table 12 on the data here: the GLUE probe of MiniLM as it ships and of the language streams grounded by stage 1 on
 # the 6,000 Flickr8k photos, on the 753 photos of the 1,000-photo subset and by the demo's stage 2 (relations, the
 # embedded world); a stage-1 run that is missing is fitted first (~45 min and ~6 min on 2 idle cores), the demo's
-# stages by their targets, and a probe whose test predictions are missing is run (each new encoder ~9 min of token
-# states, then its fit). Then the report: every dev metric with its 95 % interval, each grounded encoder minus MiniLM
+# stages by their targets, and a probe whose test predictions are missing is run (a new encoder's probe took about
+# 6 min on 2 cores: its token states, 10 short epochs, the test). Then the report: every dev metric with its 95 % interval, each grounded encoder minus MiniLM
 # paired over the same resamples, the paper's rows beside (GLUE_TABLE12_OUT: glue.md, .csv, glue_differences.png;
 # the record docs/records/GLUE_TABLE12_RECORD.json). GLUE_TABLE12_ENCODERS picks the encoders (MiniLM always first).
 GLUE_TABLE12_ENCODERS ?= full 753 demo
