@@ -164,22 +164,25 @@ demo: install  ## generate the embedded world and run every stage on it at tiny 
 # bf16-mixed): steps/s, peak GPU memory, host synchronisations a step and the GPU-hours of each paper table at that rate;
 # reports/gpu_check/<device>.md and .json. The CPU form (the slow test tier runs it): GPU_CHECK_ARGS="--accelerator cpu --steps 2".
 GPU_CHECK_ARGS ?=
+# Where `make bench` and `make gpu-check` also write each script's table as a record, <script>.json in the schema of
+# grounding/docs_tables.py (a record published in docs/records/ needs a table marker in the docs).
+BENCH_RECORDS ?= reports/bench
 .PHONY: gpu-check
-gpu-check: install  ## every model trained a few steps at the papers' shapes on a GPU: steps/s, memory, syncs, GPU-hours per paper table
+gpu-check: install  ## every model trained a few steps at the papers' shapes on a GPU: steps/s, memory, syncs, GPU-hours per paper table; its record: BENCH_RECORDS/gpu_check.json (reports/bench)
 	$(call first,$(WORLD)/world.json,world)
-	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS) --record $(BENCH_RECORDS)/gpu_check.json
 
-bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores)
-	$(PY) benchmarks/bench_vgbert.py
-	$(PY) benchmarks/bench_text_stream.py
-	$(PY) benchmarks/bench_glue_probe.py
-	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy
-	$(PY) benchmarks/bench_composer_model.py
-	$(PY) benchmarks/bench_cross_encoder_train.py
+bench: install  ## benchmarks: speed ratios measured side by side in one run (~25 min on 2 cores); each table also a record: BENCH_RECORDS/<script>.json (reports/bench)
+	$(PY) benchmarks/bench_vgbert.py --record $(BENCH_RECORDS)/bench_vgbert.json
+	$(PY) benchmarks/bench_text_stream.py --record $(BENCH_RECORDS)/bench_text_stream.json
+	$(PY) benchmarks/bench_glue_probe.py --record $(BENCH_RECORDS)/bench_glue_probe.json
+	$(PY) benchmarks/bench_composer.py --subset 1000 --backends spacy --record $(BENCH_RECORDS)/bench_composer.json
+	$(PY) benchmarks/bench_composer_model.py --record $(BENCH_RECORDS)/bench_composer_model.json
+	$(PY) benchmarks/bench_cross_encoder_train.py --record $(BENCH_RECORDS)/bench_cross_encoder_train.json
 	$(call first,$(WORLD)/world.json,world)
-	$(PY) benchmarks/bench_step_operators.py
+	$(PY) benchmarks/bench_step_operators.py --record $(BENCH_RECORDS)/bench_step_operators.json
 	$(call first,data/semclip/similarity_lists_wordnet.npz,semclip-lists)
-	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz
+	$(PY) benchmarks/bench_semclip.py --lists data/semclip/similarity_lists_wordnet.npz --record $(BENCH_RECORDS)/bench_semclip.json
 
 # The checkpoint the monitored validation metric chose (newest best-*.ckpt of the run folder). Stages 0, 1
 # and 2 link it as best.ckpt: stage 1 (from stage 0) and stage 2 (from stage 1) start from it, as the official
@@ -283,12 +286,12 @@ glue-table12: install  ## VG-BERT Table 12 here: GLUE probes of MiniLM and of st
 	  $(foreach e,$(GLUE_TABLE12_ENCODERS),--run $(call glue_table12_run,$(e))) \
 	  --out $(GLUE_TABLE12_OUT) --record $(GLUE_TABLE12_RECORD)
 
-crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=)
+crg: install  ## COMPOSER: Concept & Relation Graph of the Flickr8k captions + Table 1 stats (CAPTIONS=, CRG_OUT=, BACKEND=; CRG_RECORD=NAME also writes docs/records/NAME.json)
 	$(call world_for,$(CAPTIONS))
-	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND))
+	$(PY) -m grounding.composer crg --config experiments/composer/crg_flickr8k.yaml $(if $(CAPTIONS),--captions $(CAPTIONS)) $(if $(CRG_OUT),--out $(CRG_OUT)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(CRG_RECORD),--record $(CRG_RECORD))
 
-mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fig. 4) on Flickr8k (K=1000)
-	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k.yaml $(if $(K),--k $(K))
+mcd: install  ## COMPOSER: maximum-compound-divergence split + graded splits (Fig. 4) on Flickr8k (K=1000; MCD_RECORD=NAME also writes docs/records/NAME.json)
+	$(PY) -m grounding.composer mcd --config experiments/composer/mcd_flickr8k.yaml $(if $(K),--k $(K)) $(if $(MCD_RECORD),--record $(MCD_RECORD))
 
 # The reports compare the checkpoints their config names; one that a suite target writes is trained first when missing.
 EVALUATE_CONFIG ?= experiments/semantic_space/minilm.yaml
@@ -565,8 +568,8 @@ composer-splits: install  ## COMPOSER: test the world checkpoint on the MCD + gr
 # 100 detector regions) for COST_CONFIG and for every (PT, CT) row of the table; bert-base-uncased without its
 # weights is counted as its architecture. The world model: COST_CONFIG=experiments/composer/composer_world.yaml.
 COST_CONFIG ?= experiments/composer/composer_f30k_paper.yaml
-composer-cost: install  ## COMPOSER Table 6: parameters and FLOPs per (image, caption) pair of COST_CONFIG, every PT/CT row (COST_ARGS=)
-	$(PY) -m grounding.composer cost --config $(COST_CONFIG) --table6 $(COST_ARGS)
+composer-cost: install  ## COMPOSER Table 6: parameters and FLOPs per (image, caption) pair of COST_CONFIG, every PT/CT row (COST_ARGS=; COST_RECORD=NAME also writes docs/records/NAME.json)
+	$(PY) -m grounding.composer cost --config $(COST_CONFIG) --table6 $(if $(COST_RECORD),--record $(COST_RECORD)) $(COST_ARGS)
 
 # SemCLIP on the world: a world STE, then Γ_t aligning the suite's baseline VLM to it, then Tables 3-4.
 SEMCLIP_STE_CONFIG ?= experiments/semclip/ste_world.yaml

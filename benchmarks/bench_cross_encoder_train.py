@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cross_encoder_train.py [--configs A.yaml B.yaml] [--steps 20] [--warmup 3]
         [--train-photos 6000] [--packed both|true|false] [--precision 32-true|bf16-mixed|both]
-        [--length-groups 1 8]
+        [--length-groups 1 8] [--record NAME]
 
 Each config's model and DataModule are built as ``python -m grounding fit`` builds them (``grounding.cli.build_stage``,
 the frozen backbone's feature cache included) and trained for ``warmup + steps`` optimizer steps by Lightning in a
@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
+from table_record import add_record_option, write_table_record
 from torch import nn
 
 from grounding import encoders
@@ -54,6 +55,11 @@ from grounding.paths import resolve_path
 FLICKR8K = ["experiments/composer/composer_flickr8k.yaml", "experiments/composer/vilbert_flickr8k.yaml"]
 WORLD = ["experiments/composer/composer_world.yaml", "experiments/composer/vilbert_world.yaml"]
 MVSA = {"flickr8k": "experiments/composer/vilbert_mvsa_flickr8k.yaml", "world": "experiments/composer/vilbert_mvsa_world.yaml"}
+# the record's columns (--record): a row per printed line, its kind in "section"
+TABLE = [("section", "section"), ("run", "run"), ("part", "phase / part"), ("seconds", "seconds"),
+         ("percent", "% of the step (a forward part: of the forward)"),
+         ("ratio", "ratio (step: over the first run's; A/B: the second row's seconds over the first's)"),
+         ("hours", "hours for --train-photos photos at this rate")]
 
 
 class StepTimer(Callback):
@@ -191,7 +197,7 @@ def profile(config: str, steps: int, warmup: int, packed: bool, precision: str =
             "parts": {k: statistics.mean(v) for k, v in timer.parts.items()}, "steps_per_epoch": steps_per_epoch,
             "syncs": {site: n / steps for site, n in timer.syncs.items()} if on_gpu else None,
             "photos": photos, "max_epochs": max_epochs, "params": sum(p.numel() for p in model.net.parameters()),
-            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "seed": cli.config.get("seed_everything")}
 
 
 def predicate_transformer_ab(config: str, n_batches: int = 6, repeats: int = 4) -> dict[bool, float]:
@@ -245,7 +251,7 @@ def length_groups_ab(config: str, n_batches: int = 3, repeats: int = 3, groups: 
     return {"concept_padding": 1 - float(mask.mean()), **{g: statistics.median(v[1:]) for g, v in times.items()}}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=None, help="cross-encoder configs (default: see above)")
@@ -258,7 +264,8 @@ def main() -> int:
                     help="the trainer's precision; both: 32-true and bf16-mixed side by side")
     ap.add_argument("--length-groups", nargs="+", type=int, default=None,
                     help="ViLBERT configs also with each of these length_groups, one fit after the other")
-    args = ap.parse_args()
+    add_record_option(ap)
+    args = ap.parse_args(argv)
     configs = args.configs or (FLICKR8K if resolve_path("../shared/data/flickr8k").is_dir() else WORLD)
     packed = {"both": (False, True), "true": (True,), "false": (False,)}[args.packed]
     precisions = ("32-true", "bf16-mixed") if args.precision == "both" else (args.precision,)
@@ -268,36 +275,70 @@ def main() -> int:
     results = [profile(c, args.steps, args.warmup, p, q, g) for c in configs for p in packed for q in precisions
                for g in groups(c)]
     print(f"\ntraining steps through trainer.fit, mean seconds a step over {args.steps} after {args.warmup} untimed")
-    for r in results:
-        scale = args.train_photos / r["photos"]
-        hours = r["step"] * r["steps_per_epoch"] * scale * r["max_epochs"] / 3600
-        print(f"\n{r['label']}: {r['step']:.3f} s/step; {r['steps_per_epoch']} steps an epoch on "
-              f"{r['photos']} photos, {r['max_epochs']} epochs -> {hours:.1f} h for {args.train_photos} photos "
-              f"at this rate; {r['params'] / 1e6:.1f} M parameters, {r['trainable'] / 1e6:.1f} M trained")
-        for phase in ("forward", "backward", "optimizer update", "wait for the batch"):
-            sec = r["phases"].get(phase, 0.0)
-            print(f"  {phase:22s} {sec:7.3f} s  {100 * sec / r['step']:5.1f} %")
-        forward = r["phases"]["forward"]
-        for name, sec in sorted(r["parts"].items(), key=lambda kv: -kv[1]):
-            print(f"    forward: {name:28s} {sec:7.3f} s  {100 * sec / forward:5.1f} % of the forward")
-        if r["syncs"] is not None:
-            top = ", ".join(f"{site} {n:.1f}" for site, n in sorted(r["syncs"].items(), key=lambda kv: -kv[1])[:8])
-            print(f"  host synchronisations a step (torch.cuda sync debug): {sum(r['syncs'].values()):.1f}; {top}")
+    rows = [row for r in results for row in report_run(r, args.train_photos, results[0]["step"])]
     composer = next((c for c in configs if "composer_" in Path(c).name), None)
     if composer is not None:
-        ab = predicate_transformer_ab(composer)
-        print(f"\nCOMPOSER's Predicate Transformer, fwd + bwd over 6 batches of templates ({100 * ab['padding']:.0f} % "
-              f"padding), interleaved: padded {ab[False]:.2f} s, real tokens only {ab[True]:.2f} s: "
-              f"{ab[True] / ab[False]:.2f}x")
+        rows += report_predicate_ab(composer, predicate_transformer_ab(composer))
     mvsa = MVSA["flickr8k" if any("flickr8k" in c for c in configs) else "world"]
-    ab = length_groups_ab(mvsa)
-    print(f"\n{Path(mvsa).name}: ℓ_match + ℓ_MVSA fwd + bwd over 3 batches ({100 * ab['concept_padding']:.0f} % of the "
-          f"concept texts' word-piece slots padding), interleaved: length_groups 1 {ab[1]:.2f} s, 8 {ab[8]:.2f} s: "
-          f"{ab[8] / ab[1]:.2f}x")
+    rows += report_length_groups_ab(mvsa, length_groups_ab(mvsa))
     print()
     for a in results:
         print("step time / the first row's: " + f"{a['step'] / results[0]['step']:.2f}x  {a['label']}")
+    seeds = sorted({r["seed"] for r in results if isinstance(r["seed"], int) and not isinstance(r["seed"], bool)})
+    write_table_record(args.record, f"cross-encoder training steps through trainer.fit, mean of {args.steps} after "
+                       f"{args.warmup} untimed: phases, forward parts, A/B checks", TABLE, rows,
+                       config=list(dict.fromkeys([*configs, mvsa])), seeds=seeds or None, steps=args.steps,
+                       warmup=args.warmup, train_photos=args.train_photos)
     return 0
+
+
+def report_run(r: dict, train_photos: int, first_step: float) -> list[dict]:
+    """Print one fit's step (its phases, its forward's parts, its host synchronisations) and return its record rows:
+    the step, then a row a phase, then a row a forward part."""
+    scale = train_photos / r["photos"]
+    hours = r["step"] * r["steps_per_epoch"] * scale * r["max_epochs"] / 3600
+    print(f"\n{r['label']}: {r['step']:.3f} s/step; {r['steps_per_epoch']} steps an epoch on "
+          f"{r['photos']} photos, {r['max_epochs']} epochs -> {hours:.1f} h for {train_photos} photos "
+          f"at this rate; {r['params'] / 1e6:.1f} M parameters, {r['trainable'] / 1e6:.1f} M trained")
+    syncs = None if r["syncs"] is None else sum(r["syncs"].values())
+    top = None if r["syncs"] is None else ", ".join(f"{site} {n:.1f}" for site, n in
+                                                    sorted(r["syncs"].items(), key=lambda kv: -kv[1])[:8])
+    rows = [{"section": "step", "run": r["label"], "part": "step", "seconds": r["step"], "percent": None,
+             "ratio": r["step"] / first_step, "hours": hours, "config": r["config"], "steps_per_epoch": r["steps_per_epoch"],
+             "photos": r["photos"], "max_epochs": r["max_epochs"], "train_photos": train_photos,
+             "params_m": r["params"] / 1e6, "trainable_m": r["trainable"] / 1e6, "syncs_per_step": syncs, "sync_sites": top}]
+    for phase in ("forward", "backward", "optimizer update", "wait for the batch"):
+        sec = r["phases"].get(phase, 0.0)
+        print(f"  {phase:22s} {sec:7.3f} s  {100 * sec / r['step']:5.1f} %")
+        rows.append({"section": "phase", "run": r["label"], "part": phase, "seconds": sec, "percent": 100 * sec / r["step"]})
+    forward = r["phases"]["forward"]
+    for name, sec in sorted(r["parts"].items(), key=lambda kv: -kv[1]):
+        print(f"    forward: {name:28s} {sec:7.3f} s  {100 * sec / forward:5.1f} % of the forward")
+        rows.append({"section": "forward part", "run": r["label"], "part": name, "seconds": sec, "percent": 100 * sec / forward})
+    if r["syncs"] is not None:
+        print(f"  host synchronisations a step (torch.cuda sync debug): {syncs:.1f}; {top}")
+    return rows
+
+
+def report_predicate_ab(config: str, ab: dict) -> list[dict]:
+    """Print :func:`predicate_transformer_ab`'s result; its two record rows (padded, then real tokens only)."""
+    print(f"\nCOMPOSER's Predicate Transformer, fwd + bwd over 6 batches of templates ({100 * ab['padding']:.0f} % "
+          f"padding), interleaved: padded {ab[False]:.2f} s, real tokens only {ab[True]:.2f} s: "
+          f"{ab[True] / ab[False]:.2f}x")
+    run = f"{Path(config).name}: Predicate Transformer, fwd + bwd over 6 batches of templates, interleaved"
+    return [{"section": "predicate transformer A/B", "run": run, "part": part, "seconds": ab[key],
+             "ratio": ab[True] / ab[False] if key else None, "padding_percent": 100 * ab["padding"]}
+            for part, key in (("padded", False), ("real tokens only", True))]
+
+
+def report_length_groups_ab(config: str, ab: dict) -> list[dict]:
+    """Print :func:`length_groups_ab`'s result; its two record rows (length_groups 1, then 8)."""
+    print(f"\n{Path(config).name}: ℓ_match + ℓ_MVSA fwd + bwd over 3 batches ({100 * ab['concept_padding']:.0f} % of the "
+          f"concept texts' word-piece slots padding), interleaved: length_groups 1 {ab[1]:.2f} s, 8 {ab[8]:.2f} s: "
+          f"{ab[8] / ab[1]:.2f}x")
+    run = f"{Path(config).name}: ℓ_match + ℓ_MVSA fwd + bwd over 3 batches, interleaved"
+    return [{"section": "length groups A/B", "run": run, "part": f"length_groups {g}", "seconds": ab[g],
+             "ratio": ab[8] / ab[1] if g == 8 else None, "padding_percent": 100 * ab["concept_padding"]} for g in (1, 8)]
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ then forward + backward + Adam of the shared pooler and the task heads. Outputs 
 first batch, then the two paths run in interleaved rounds over the same batches; medians.
 
     python benchmarks/bench_glue_probe.py [--root ../shared/data/glue] [--width 384] [--steps 200] [--rounds 5]
+        [--record NAME]
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+from table_record import add_record_option, write_table_record  # noqa: E402
+
 from data_modules.glue import TASKS_BY_KEY, GlueDataModule  # noqa: E402
 from grounding.vgbert.glue_probe import SharedPooler, TokenStates, task_loss  # noqa: E402
 
@@ -78,6 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--examples", type=int, default=4000, help="training rows a task at most")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
+    add_record_option(p)
     args = p.parse_args(argv)
     if not Path(args.root).is_dir():
         print(f"no GLUE folder at {args.root}: skipped (give --root <glue_data>)", file=sys.stderr)
@@ -110,11 +114,20 @@ def main(argv=None) -> int:
     base = statistics.median(times["padded token states"])
     print(f"GLUE probe steps on {', '.join(tasks)} (width {args.width}, batch 32, {args.steps} steps, median of "
           f"{args.rounds} interleaved rounds; summaries computed once in {summarise_s:.2f} s)")
-    print("| path | batches loaded (ms/step) | step (ms) | step × padded |")
+    table = [("path", "path"), ("load_ms_per_step", "batches loaded (ms/step)"), ("step_ms", "step (ms)"),
+             ("step_vs_padded", "step × padded")]
+    print("| " + " | ".join(label for _, label in table) + " |")
     print("|---|---|---|---|")
+    rows = []
     for name, load_s in (("padded token states", padded_load), ("summaries", summary_load)):
         median = statistics.median(times[name])
         print(f"| {name} | {1e3 * load_s / args.steps:.2f} | {1e3 * median / args.steps:.2f} | {median / base:.2f}× |")
+        rows.append({"path": name, "load_ms_per_step": 1e3 * load_s / args.steps, "step_ms": 1e3 * median / args.steps,
+                     "step_vs_padded": median / base})
+    write_table_record(args.record, f"GLUE probe steps from cached token states (width {args.width}, batch 32, {args.steps} "
+                       f"steps, median of {args.rounds} interleaved rounds)", table, rows, seeds=[0], tasks=tasks,
+                       width=args.width, steps=args.steps, rounds=args.rounds, examples=args.examples,
+                       summaries_seconds=summarise_s, glue_root=str(args.root))
     return 0
 
 

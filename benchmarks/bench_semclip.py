@@ -1,6 +1,6 @@
 """SemCLIP timings, side by side from one run (2-core CPU numbers go in the README).
 
-  python benchmarks/bench_semclip.py [--lists data/semclip/similarity_lists_wordnet.npz] [--steps 5]
+  python benchmarks/bench_semclip.py [--lists data/semclip/similarity_lists_wordnet.npz] [--steps 5] [--record NAME]
 
 1. Wu–Palmer: NLTK's ``Synset.wup_similarity`` vs the cached WordNetNounGraph (same numbers).
 2. STE step on the full noun vocabulary (batch 800, encoding 300): sparse embedding + SparseAdam
@@ -23,12 +23,17 @@ import time
 
 import numpy as np
 import torch
+from table_record import add_record_option, write_table_record
 
 from data_modules.similarity_lists import SimilarityListCollator
 from data_modules.wordnet_lists import SimilarityLists, WordNetNounGraph
 from grounding.semclip.alignment import SemanticIndex
 from grounding.semclip.ste import SemanticTextEmbedding, STEEncoder
 from grounding.semclip.ste_loss import multi_positive_contrastive_loss
+
+# the record's columns (--record): a row per printed measurement, its benchmark in "section"; ratio: the printed "x..."
+TABLE = [("section", "section"), ("method", "method"), ("items", "items"), ("value", "value"), ("unit", "unit"),
+         ("ratio", "ratio"), ("build_s", "build s"), ("recall", "recall@k")]
 
 
 def bench_wup(n_pairs: int = 300):
@@ -44,8 +49,17 @@ def bench_wup(n_pairs: int = 300):
     ours = [graph.wup(i, j) for i, j in pairs]
     t_ours = time.perf_counter() - t
     assert np.allclose(ref, ours)
+    return report_wup(n_pairs, build, t_nltk, t_ours)
+
+
+def report_wup(n_pairs: int, build: float, t_nltk: float, t_ours: float) -> list[dict]:
+    """Print the Wu–Palmer timings (seconds over ``n_pairs`` pairs); the record's rows (NLTK, then the graph)."""
     print(f"graph build {build:.1f}s | wup per pair: nltk {1e6 * t_nltk / n_pairs:.0f} us, graph {1e6 * t_ours / n_pairs:.0f} us "
           f"(x{t_nltk / max(t_ours, 1e-9):.1f})")
+    return [{"section": "wup", "method": "nltk Synset.wup_similarity", "items": n_pairs, "value": 1e6 * t_nltk / n_pairs,
+             "unit": "us/pair"},
+            {"section": "wup", "method": "WordNetNounGraph.wup", "items": n_pairs, "value": 1e6 * t_ours / n_pairs,
+             "unit": "us/pair", "ratio": t_nltk / max(t_ours, 1e-9), "build_s": build}]
 
 
 def bench_ste(lists_path: str, steps: int):
@@ -75,9 +89,22 @@ def bench_ste(lists_path: str, steps: int):
                 o.step()
             times.append(time.perf_counter() - t)
         results[sparse] = float(np.median(times[1:]))  # first step warms allocators / Adam state
+    return report_ste(results, len(lists.vocab), len(rows), float(np.mean([len(b["candidates"]) for b in batches])))
+
+
+def report_ste(results: dict[bool, float], vocabulary: int, anchors: int, mean_candidates: float) -> list[dict]:
+    """Print the STE step times (``results``: sparse? -> median seconds a step); the record's rows (sparse, dense)."""
+    per_epoch, out = int(np.ceil(anchors / 800)), []
+    for sparse in (True, False):
         print(f"{'sparse + SparseAdam' if sparse else 'dense Adam          '}: {results[sparse]:.2f} s/step, "
-              f"{results[sparse] * np.ceil(len(rows) / 800) / 60:.1f} min/epoch")
+              f"{results[sparse] * per_epoch / 60:.1f} min/epoch")
+        out.append({"section": "ste step", "method": "sparse + SparseAdam" if sparse else "dense Adam", "items": 800,
+                    "value": results[sparse], "unit": "s/step", "min_per_epoch": results[sparse] * per_epoch / 60,
+                    "vocabulary": vocabulary, "anchors": anchors, "steps_per_epoch": per_epoch,
+                    "mean_candidates": mean_candidates})
     print(f"dense / sparse step time: x{results[False] / results[True]:.2f}")
+    out[-1]["ratio"] = results[False] / results[True]
+    return out
 
 
 class _Clock:
@@ -181,8 +208,9 @@ def bench_ste_epoch(lists_path: str, steps: int, epochs: int = 10):
     for name, cls in (("old", _OldSTEPath), ("new", _NewSTEPath)):
         torch.manual_seed(0)
         paths[name] = cls(lists, SemanticTextEmbedding(STEEncoder(len(lists.vocab), encoding_size=300), embedding_lr=1e-2))
+    load = os.getloadavg()[0]
     print(f"\nSTE fit per epoch: {len(rows)} anchors, batch 800 -> {per_epoch} steps; {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
     wall, cpu = {k: [] for k in paths}, {k: [] for k in paths}
     for s in range(steps + 1):  # interleaved, the first step of each (allocator, optimizer state) dropped
         for name in (("old", "new") if s % 2 else ("new", "old")):
@@ -190,7 +218,7 @@ def bench_ste_epoch(lists_path: str, steps: int, epochs: int = 10):
                 paths[name].step(order[(s * 800) % len(order):][:800])
             if s:
                 wall[name].append(c.wall), cpu[name].append(c.cpu)
-    result = {}
+    measured = {}
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         for name, path in paths.items():
             val_rows = np.sort(np.random.default_rng(0).choice(rows, path.val_anchors, replace=False))
@@ -198,15 +226,32 @@ def bench_ste_epoch(lists_path: str, steps: int, epochs: int = 10):
                 path.validate(val_rows)
             with _Clock() as k:
                 path.checkpoints(tmp)
-            size = sum(os.path.getsize(f"{tmp}/{f}") for f in ("best.ckpt", "last.ckpt")) / 1e9
-            step_wall, step_cpu = float(np.median(wall[name])), float(np.median(cpu[name]))
-            result[name] = (per_epoch * step_wall + v.wall + k.wall, per_epoch * step_cpu + v.cpu + k.cpu)
-            print(f"  {name}: step {step_wall:.3f} s ({step_cpu:.3f} cpu s), validation {v.wall:.2f} s "
-                  f"({path.val_anchors} anchors), checkpoints {k.wall:.2f} s ({size:.2f} GB) -> "
-                  f"{result[name][0]:.1f} s/epoch ({result[name][1]:.1f} cpu s), {epochs} epochs {epochs * result[name][0] / 60:.1f} min")
+            measured[name] = {"step": (float(np.median(wall[name])), float(np.median(cpu[name]))), "validation": (v.wall, v.cpu),
+                              "checkpoints": (k.wall, k.cpu), "anchors": path.val_anchors,
+                              "gb": sum(os.path.getsize(f"{tmp}/{f}") for f in ("best.ckpt", "last.ckpt")) / 1e9}
+    return report_ste_epoch(measured, len(rows), per_epoch, epochs, load)
+
+
+def report_ste_epoch(measured: dict[str, dict], anchors: int, per_epoch: int, epochs: int, load: float) -> list[dict]:
+    """Print each STE path's epoch (``measured``: name -> (wall, cpu) seconds of its median ``step``, its ``validation``
+    and ``checkpoints``, the validation ``anchors``, the checkpoints' ``gb``); the record's rows (old, then new)."""
+    result, out = {}, []
+    for name, m in measured.items():
+        (step_wall, step_cpu), (val_wall, val_cpu), (ckpt_wall, ckpt_cpu) = m["step"], m["validation"], m["checkpoints"]
+        result[name] = (per_epoch * step_wall + val_wall + ckpt_wall, per_epoch * step_cpu + val_cpu + ckpt_cpu)
+        print(f"  {name}: step {step_wall:.3f} s ({step_cpu:.3f} cpu s), validation {val_wall:.2f} s "
+              f"({m['anchors']} anchors), checkpoints {ckpt_wall:.2f} s ({m['gb']:.2f} GB) -> "
+              f"{result[name][0]:.1f} s/epoch ({result[name][1]:.1f} cpu s), {epochs} epochs {epochs * result[name][0] / 60:.1f} min")
+        out.append({"section": "ste epoch", "method": name, "items": anchors, "value": result[name][0], "unit": "s/epoch",
+                    "cpu_s_per_epoch": result[name][1], "step_s": step_wall, "step_cpu_s": step_cpu,
+                    "validation_s": val_wall, "validation_anchors": m["anchors"], "checkpoints_s": ckpt_wall,
+                    "checkpoints_gb": m["gb"], "epochs": epochs, "epochs_min": epochs * result[name][0] / 60,
+                    "steps_per_epoch": per_epoch, "load_average": load})
     print(f"  old / new per epoch: x{result['old'][0] / result['new'][0]:.2f} wall, x{result['old'][1] / result['new'][1]:.2f} cpu "
           f"(the fit adds start-up, ~15 s, and the export, ~7 s, to both)")
-    return result
+    out[list(measured).index("old")].update(ratio=result["old"][0] / result["new"][0],
+                                            cpu_ratio=result["old"][1] / result["new"][1])
+    return out
 
 
 def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k: int = 10, repeats: int = 5):
@@ -220,6 +265,7 @@ def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k:
         backends = ["torch"]
         print("faiss-cpu not installed: exact torch only (pip install -e '.[ann]' for the FAISS rows)")
     g = torch.Generator().manual_seed(0)
+    out = []
     print(f"\nSemCLIP index: {n_queries} queries x top-{k}, d={dim}, unit vectors, median of {repeats} "
           f"({torch.get_num_threads()} threads)")
     print(f"{'items':>8} {'backend':>11} {'build s':>8} {'ms/batch':>9} {'ms/query':>9} {'vs torch':>9} {'recall@' + str(k):>9}")
@@ -246,9 +292,13 @@ def bench_index(sizes=(10_000, 100_000), dim: int = 300, n_queries: int = 64, k:
             recall = (top[:, :, None] == exact[:, None, :]).any(-1).float().mean().item()
             print(f"{n:>8} {b:>11} {build:>8.2f} {1e3 * t:>9.2f} {1e3 * t / n_queries:>9.3f} "
                   f"{'x%.2f' % (t_torch / t):>9} {recall:>9.3f}")
+            out.append({"section": "index", "method": b, "items": n, "value": 1e3 * t, "unit": "ms/batch",
+                        "ratio": t_torch / t, "build_s": build, "recall": recall, "ms_per_query": 1e3 * t / n_queries,
+                        "queries": n_queries, "k": k, "dim": dim})
+    return out
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--lists", default="data/semclip/similarity_lists_wordnet.npz")
     p.add_argument("--steps", type=int, default=5)
@@ -256,11 +306,21 @@ if __name__ == "__main__":
     p.add_argument("--skip-wup", action="store_true")
     p.add_argument("--only-index", action="store_true", help="run only the SemCLIP index benchmark")
     p.add_argument("--index-sizes", nargs="+", type=int, default=[10_000, 100_000])
-    a = p.parse_args()
+    add_record_option(p, help="also write every printed measurement as one record (its benchmark in the 'section' "
+                      "column): docs/records/NAME.json, or this path ending in .json")
+    a = p.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
+    rows = []
     if not a.only_index:
         if not a.skip_wup:
-            bench_wup()
-        bench_ste(a.lists, a.steps)
-        bench_ste_epoch(a.lists, a.epoch_steps)
-    bench_index(a.index_sizes)
+            rows += bench_wup()
+        rows += bench_ste(a.lists, a.steps)
+        rows += bench_ste_epoch(a.lists, a.epoch_steps)
+    rows += bench_index(a.index_sizes)
+    write_table_record(a.record, "SemCLIP timings: Wu-Palmer, the STE step and epoch, the store index", TABLE, rows,
+                       seeds=[0], lists=None if a.only_index else a.lists, threads=torch.get_num_threads())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Operators, host synchronisations and CPU time of one training step, every cross-encoder side by side on one batch.
 
-    python benchmarks/bench_step_operators.py [--configs A.yaml ...] [--repeats 5] [--batches 3]
+    python benchmarks/bench_step_operators.py [--configs A.yaml ...] [--repeats 5] [--batches 3] [--record NAME]
 
 Each config's model and DataModule are built as ``python -m grounding fit`` builds them (``grounding.cli.build_stage``);
 the first ``--batches`` training batches are drawn once and their images put through the frozen backbone once (as the
@@ -26,6 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 import torch
+from table_record import add_record_option, write_table_record
 
 from grounding.cli import build_stage
 from grounding.host_sync import SyncCounter
@@ -80,13 +81,14 @@ def count(module, batch) -> dict:
             "syncs": forward.total + backward.total, "where": (forward.summary(), backward.summary())}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=WORLD, help="training configs; the first is the reference row")
     ap.add_argument("--batches", type=int, default=3, help="training batches a round")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds (after one untimed)")
-    args = ap.parse_args()
+    add_record_option(ap)
+    args = ap.parse_args(argv)
     models = {row_name(c): prepare(c, args.batches) for c in args.configs}
     counts = {name: count(module, batches[0]) for name, (module, batches) in models.items()}
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -106,15 +108,26 @@ def main() -> int:
           f"{args.repeats} interleaved rounds of {args.batches} batches")
     print(f"{'config':44s} {'fwd ops':>8s} {'bwd ops':>8s} {'ops':>7s} {'syncs':>6s} {'s/step':>8s}  ops / {reference}, "
           f"time / {reference}")
+    rows = []
     for name in models:
         c = counts[name]
         ops = c["forward"] + c["backward"]
         sec = statistics.median(times[name])
         print(f"{name:44s} {c['forward']:8d} {c['backward']:8d} {ops:7d} {c['syncs']:6d} {sec:8.3f}  "
               f"{ops / ref_ops:5.2f}x ops, {sec / ref_time:5.2f}x time")
+        rows.append({"config": name, "forward_ops": c["forward"], "backward_ops": c["backward"], "ops": ops,
+                     "syncs": c["syncs"], "seconds_per_step": sec, "ops_ratio": ops / ref_ops, "time_ratio": sec / ref_time,
+                     "sync_sites": f"forward {c['where'][0]}; backward {c['where'][1]}" if c["syncs"] else None})
     for name in models:
         if counts[name]["syncs"]:
             print(f"  {name}: forward {counts[name]['where'][0]}; backward {counts[name]['where'][1]}")
+    table = [("config", "config"), ("forward_ops", "fwd ops"), ("backward_ops", "bwd ops"), ("ops", "ops"), ("syncs", "syncs"),
+             ("seconds_per_step", "s/step"), ("ops_ratio", f"ops / {reference}"), ("time_ratio", f"time / {reference}")]
+    write_table_record(args.record, f"one training step (compute_losses + backward), batch {b}: operators, host "
+                       f"synchronisations, median time of {args.repeats} interleaved rounds", table, rows,
+                       config=list(dict.fromkeys(c.partition("+")[0] for c in args.configs)),
+                       seeds=list(range(args.repeats + 1)), batch=b, threads=torch.get_num_threads(),
+                       batches=args.batches, repeats=args.repeats, reference=reference)
     return 0
 
 

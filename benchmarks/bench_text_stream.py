@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+from table_record import add_record_option, write_table_record  # noqa: E402
+
 from grounding.encoders import packed_bert_forward  # noqa: E402
 
 # WordPiece lengths ([CLS] and [SEP] included) of 2,000 Flickr8k captions: {length: count}
@@ -54,7 +56,12 @@ def caption_batches(n: int, batch: int, vocab: int, device, seed: int = 0):
     return out
 
 
-def main() -> None:
+TABLE = [("model", "model"), ("device", "device"), ("amp", "amp"), ("batch", "batch"), ("trainable_layers", "layers trained"),
+         ("real_token_share", "real tokens (share of the padded batch)"), ("padded_ms", "padded (ms)"),
+         ("packed_ms", "packed (ms)"), ("speedup", "padded / packed")]
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="minilm", choices=["minilm", "bert-base"])
     p.add_argument("--device", default="cpu")
@@ -62,7 +69,8 @@ def main() -> None:
     p.add_argument("--trainable", type=int, default=4, help="top layers learnable (the Flickr8k stage-1 config: 4)")
     p.add_argument("--amp", default="none", choices=["none", "bf16"])
     p.add_argument("--repeats", type=int, default=6)
-    args = p.parse_args()
+    add_record_option(p)
+    args = p.parse_args(argv)
     torch.manual_seed(0)
     device = torch.device(args.device)
     bert = build_bert(args.model).to(device)
@@ -104,6 +112,11 @@ def main() -> None:
           f"amp {args.amp}; real tokens {real_share:.1%} of the padded batch; max |packed - padded| at real tokens "
           f"(eval, fp32) {diff:.2e}")
     print(f"fwd+bwd per batch: padded {padded * 1e3:.1f} ms, packed {packed * 1e3:.1f} ms, {padded / packed:.2f}x")
+    row = {"model": args.model, "device": args.device, "amp": args.amp, "batch": args.batch, "trainable_layers": args.trainable,
+           "real_token_share": real_share, "padded_ms": padded * 1e3, "packed_ms": packed * 1e3, "speedup": padded / packed,
+           "max_abs_difference": diff, "repeats": args.repeats, "torch": torch.__version__}
+    write_table_record(args.record, "BERT's text stream, fwd+bwd per batch: real tokens only (packed) vs padded to the "
+                       "batch's longest caption", TABLE, [row], seeds=[0])
 
 
 if __name__ == "__main__":

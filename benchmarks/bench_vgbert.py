@@ -15,7 +15,7 @@
    backbone recomputed (JPEG decoding included) vs read from the cache, with BERT on real tokens only
    (``packed_tokens``, the paper configs) and padded (before), and the cached steps' top operators.
 
-    python benchmarks/bench_vgbert.py [--sections loss scoring memory cache] [--device cuda]
+    python benchmarks/bench_vgbert.py [--sections loss scoring memory cache] [--device cuda] [--record NAME]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from lightning.pytorch.callbacks import Callback
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from official_vgbert_loss import official_match_map_loss  # noqa: E402
+from table_record import add_record_option, write_table_record  # noqa: E402
 
 from grounding.contrastive import cross_modal_contrastive_loss  # noqa: E402
 from grounding.paths import resolve_path  # noqa: E402
@@ -57,6 +58,15 @@ from grounding.vgbert.match_map import (  # noqa: E402
 from grounding.vgbert.pretrain import EVAL_BLOCKS  # noqa: E402
 
 SIDE, TOKENS, WIDTH = 14, 16, 768  # the paper's VGG16 grid, caption length, BERT-base width
+# the record's columns (--record): every section's rows in one table, a section's own columns null in the others' rows
+TABLE = [("section", "section"), ("table", "table"), ("method", "method"), ("status", "status"), ("seconds", "seconds"),
+         ("gflop_per_s", "GFLOP/s"), ("ratio", "the reference row's seconds / this row's"), ("reference", "reference row"),
+         ("peak_gpu_gib", "peak GPU memory (GiB)"), ("features_gib", "features (GiB)"), ("scores_gib", "scores (GiB)"),
+         ("before_test_gib", "RSS before test (GiB)"), ("peak_rss_gib", "peak RSS, the suite (GiB, each run)"),
+         ("peak_rss_gib_dynamic", "peak RSS, glibc dynamic threshold (GiB, each run)"), ("cache_build_s", "cache build (s)"),
+         ("recompute_s", "recompute (s/step)"), ("cached_s", "cached (s/step)"), ("speedup", "speed-up"),
+         ("padded_recompute_s", "padded text: recompute (s/step)"), ("padded_cached_s", "padded text: cached (s/step)"),
+         ("padded_speedup", "padded text: speed-up")]
 
 
 def _sync(device: torch.device) -> None:
@@ -79,22 +89,27 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torc
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _table(title: str, rows: list[tuple[str, float, float]], reference: int = 0, label: str = "speed-up") -> None:
-    """Rows (name, seconds, useful FLOPs); the last column is rows[reference]'s time over each row's."""
+def _table(title: str, rows: list[tuple[str, float, float]], reference: int = 0, label: str = "speed-up",
+           section: str = "loss") -> list[dict]:
+    """Rows (name, seconds, useful FLOPs); the last column is rows[reference]'s time over each row's. Printed; returns
+    the record's rows."""
     print(f"\n[{title}]")
     print(f"{'method':<60}{'seconds':>10}{'GFLOP/s':>10}{label:>12}")
     ref = rows[reference][1]
+    out = []
     for name, t, flops in rows:
         print(f"{name:<60}{t:>10.3f}{flops / t / 1e9:>10.1f}{ref / t:>11.2f}x")
+        out.append({"section": section, "table": title, "method": name, "status": "ok", "seconds": t,
+                    "gflop_per_s": flops / t / 1e9, "ratio": ref / t, "reference": rows[reference][0]})
+    return out
 
 
-def bench_training_loss(batches: list[int], repeats: int, device: torch.device, temperature: float = 0.1) -> None:
+def bench_training_loss(batches: list[int], repeats: int, device: torch.device, temperature: float = 0.1) -> list[dict]:
     """Eq. 1-2 forward + backward: official re-statement vs the suite's sparse backward vs the dense einsum."""
-    for b in batches:
-        _training_loss_at(b, repeats, device, temperature)
+    return [row for b in batches for row in _training_loss_at(b, repeats, device, temperature)]
 
 
-def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: float) -> None:
+def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: float) -> list[dict]:
     n = SIDE * SIDE
     g = torch.Generator().manual_seed(b)
     image = (0.1 * torch.randn(b, WIDTH, SIDE, SIDE, generator=g)).to(device).requires_grad_()
@@ -124,7 +139,7 @@ def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: f
     methods = {"official re-statement (loops, dense max)": official,
                "suite before: einsum, dense amax backward": dense,
                "suite: MaxMatchScores (sparse backward)": suite}
-    reference, peak, runnable = None, {}, {}
+    reference, peak, runnable, failed = None, {}, {}, []
     for name, f in methods.items():  # same loss and gradients as the first that fits in memory
         try:
             if device.type == "cuda":
@@ -135,6 +150,7 @@ def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: f
         except torch.OutOfMemoryError:
             image.grad = words.grad = native.grad = None
             print(f"  {name}: out of memory at batch {b}")
+            failed.append({"section": "loss", "method": name, "status": f"out of memory at batch {b}"})
             continue
         runnable[name] = f
         if reference is None:
@@ -146,13 +162,16 @@ def _training_loss_at(b: int, repeats: int, device: torch.device, temperature: f
     runnable["one dense GEMM of the forward's FLOPs"] = lambda: visual @ flat_words.t()  # (B*N, d) @ (d, B*T)
     t = interleaved(runnable, repeats, device)
     flops = match_map_flops(b, b, n, TOKENS, WIDTH)
-    _table(f"match-map loss fwd+bwd, batch {b}, {SIDE}x{SIDE} locations, T={TOKENS}, d={WIDTH}, {device.type} "
-           f"({flops / 1e9:.1f} GFLOP forward)", [(k, v, flops) for k, v in t.items()])
+    rows = _table(f"match-map loss fwd+bwd, batch {b}, {SIDE}x{SIDE} locations, T={TOKENS}, d={WIDTH}, {device.type} "
+                  f"({flops / 1e9:.1f} GFLOP forward)", [(k, v, flops) for k, v in t.items()])
     for name, gib in peak.items():
         print(f"  peak GPU memory, {name}: {gib:.2f} GiB")
+    for row in rows:
+        row["peak_gpu_gib"] = peak.get(row["method"])
+    return rows + [{**row, "table": rows[0]["table"]} for row in failed]
 
 
-def bench_scoring(n_img: int, n_cap: int, blocks: list[tuple[int, int]], repeats: int, device: torch.device) -> None:
+def bench_scoring(n_img: int, n_cap: int, blocks: list[tuple[int, int]], repeats: int, device: torch.device) -> list[dict]:
     """Evaluation blocks (fp16 features stored, fp32 blocks) of several sizes vs a dense GEMM of the same FLOPs."""
     g = torch.Generator().manual_seed(0)
     n = SIDE * SIDE
@@ -169,8 +188,8 @@ def bench_scoring(n_img: int, n_cap: int, blocks: list[tuple[int, int]], repeats
         for ic, tc in blocks}
     fns[f"dense GEMM, same FLOPs ({repeat} x {ic * n} x {WIDTH} x {tc * TOKENS})"] = lambda: [b @ a.t() for _ in range(repeat)]
     t = interleaved(fns, repeats, device)
-    _table(f"match-map scoring (evaluation), {n_img} images x {n_cap} captions, {device.type} ({flops / 1e9:.0f} GFLOP)",
-           [(k, s, flops) for k, s in t.items()], reference=len(t) - 1, label="vs GEMM")
+    return _table(f"match-map scoring (evaluation), {n_img} images x {n_cap} captions, {device.type} ({flops / 1e9:.0f} GFLOP)",
+                  [(k, s, flops) for k, s in t.items()], reference=len(t) - 1, label="vs GEMM", section="scoring")
 
 
 class RandomFeatureGrounding(GroundingPretrain):
@@ -253,24 +272,51 @@ def _memory_run(images: int, per: int, batch: int, suite_start: bool = True) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_eval_memory(sizes: list[tuple[int, int]], batch: int, runs: int = 3) -> None:
+def bench_eval_memory(sizes: list[tuple[int, int]], batch: int, runs: int = 3) -> list[dict]:
     """Peak RSS of fresh processes running the test loop, no environment variable set: ``runs`` processes started
     as ``python -m grounding test`` starts (glibc's mmap threshold fixed at 4 MiB by grounding.utils.memory, so
     every large freed tensor returns to the system), and ``runs`` with glibc's dynamic threshold (which lets some
     runs keep freed fp32 model outputs as heap holes)."""
-    print("\n[evaluation memory: stage-1 test loop, random features 14x14x768 / T=16 stored fp16; peak RSS of fresh "
-          "processes, no environment variable]")
+    title = ("evaluation memory: stage-1 test loop, random features 14x14x768 / T=16 stored fp16; peak RSS of fresh "
+             "processes, no environment variable")
+    print(f"\n[{title}]")
     print(f"{'images x captions':<20}{'features':>10}{'scores':>8}{'before test':>13}"
           f"{f'peak RSS, {runs} runs (the suite)':>34}{f'{runs} runs (glibc dynamic threshold)':>38}")
+    rows = []
     for images, captions in sizes:
         per = captions // images
         suite = [_memory_run(images, per, batch) for _ in range(runs)]
         dynamic = [_memory_run(images, per, batch, suite_start=False) for _ in range(runs)]
-        features = (images * SIDE * SIDE + captions * TOKENS) * WIDTH * 2 / 2**30
-        peaks = " / ".join(f"{r['peak_gib']:.2f}" for r in suite)
-        other = " / ".join(f"{r['peak_gib']:.2f}" for r in dynamic)
-        print(f"{f'{images:,} x {captions:,}':<20}{features:>8.2f} G{images * captions * 4 / 2**30:>6.2f} G"
-              f"{suite[0]['before_gib']:>11.2f} G{peaks + ' G':>34}{other + ' G':>38}")
+        rows.append(memory_row(title, images, captions, suite, dynamic))
+    return rows
+
+
+def memory_row(title: str, images: int, captions: int, suite: list[dict], dynamic: list[dict]) -> dict:
+    """Print one evaluation size's line and return its record row: ``suite`` / ``dynamic``, the child processes' JSON
+    (``memory_child``)."""
+    features = (images * SIDE * SIDE + captions * TOKENS) * WIDTH * 2 / 2**30
+    peaks = " / ".join(f"{r['peak_gib']:.2f}" for r in suite)
+    other = " / ".join(f"{r['peak_gib']:.2f}" for r in dynamic)
+    print(f"{f'{images:,} x {captions:,}':<20}{features:>8.2f} G{images * captions * 4 / 2**30:>6.2f} G"
+          f"{suite[0]['before_gib']:>11.2f} G{peaks + ' G':>34}{other + ' G':>38}")
+    return {"section": "memory", "table": title, "method": f"{images:,} x {captions:,}", "status": "ok",
+            "images": images, "captions": captions, "features_gib": features,
+            "scores_gib": images * captions * 4 / 2**30, "before_test_gib": suite[0]["before_gib"],
+            "peak_rss_gib": [r["peak_gib"] for r in suite], "peak_rss_gib_dynamic": [r["peak_gib"] for r in dynamic],
+            "test_seconds": [r["seconds"] for r in suite + dynamic]}
+
+
+def cache_row(title: str, backbone: str, build: float, packed: tuple[float, float], padded: tuple[float, float],
+              profiles: tuple[str, str]) -> dict:
+    """Print one backbone's line of the feature-cache table and return its record row: seconds a step (recomputed,
+    cached) with BERT on real tokens (``packed``) and padded, the cached steps' profile tables (packed, padded)."""
+    name = backbone + (" (random weights)" if backbone == "vgg16" else "")
+    print(f"{name:<34}{build:>11.1f}s{packed[0]:>10.3f}s{packed[1]:>8.3f}s{packed[0] / packed[1]:>9.2f}x"
+          f"{padded[0]:>23.3f}s{padded[1]:>8.3f}s{padded[0] / padded[1]:>9.2f}x")
+    return {"section": "cache", "table": title, "method": name, "status": "ok", "cache_build_s": build,
+            "recompute_s": packed[0], "cached_s": packed[1], "speedup": packed[0] / packed[1], "padded_recompute_s": padded[0],
+            "padded_cached_s": padded[1], "padded_speedup": padded[0] / padded[1], "profile_packed": profiles[0] or None,
+            "profile_padded": profiles[1] or None}
 
 
 class _StepClock(Callback):
@@ -318,27 +364,28 @@ def _stage1_fit(data, backbone: str, cache: bool, cache_dir: str, steps: int, pr
     return (statistics.median(timed) if timed else float("nan")), table
 
 
-def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_top: int) -> None:
+def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_top: int) -> list[dict]:
     """Stage-1 training steps through the real fit loop (DataLoader, JPEG decoding, Lightning, Adam) on Flickr8k
     photos: the frozen backbone recomputed on pixels vs its maps read from the cache, per backbone."""
     from data_modules import FlickrDataModule  # noqa: PLC0415 - data modules are needed by this section only
     from data_modules.options import SplitSubsets  # noqa: PLC0415 - as above
 
     root = resolve_path("../shared/data/flickr8k")
+    title = (f"stage-1 training through trainer.fit, Flickr8k photos (JPEG, 224px crops), MiniLM with its top 4 layers "
+             f"trained, batch {batch}, median of {steps} steps after one")
     if not (Path(root) / "Flickr8k.token.1000img.txt").is_file():
         print(f"\n[stage-1 training, feature cache] skipped: the Flickr8k photos are not in {root}")
-        return
+        return [{"section": "cache", "table": title, "status": f"skipped: the Flickr8k photos are not in {root}"}]
     images = batch * (steps + 1)  # the training photos the timed fit reads (the cache holds them and the dev split)
 
     def data():  # a fresh DataModule per fit: the cache swaps the image loading of the datasets it is given
         return FlickrDataModule(root=str(root), captions_file="Flickr8k.token.1000img.txt", batch_size=batch,
                                 eval_batch_size=batch, subsets=SplitSubsets(train=images, test=batch))
 
-    print(f"\n[stage-1 training through trainer.fit, Flickr8k photos (JPEG, 224px crops), MiniLM with its top 4 layers "
-          f"trained, batch {batch}, median of {steps} steps after one]")
+    print(f"\n[{title}]")
     print(f"{'backbone':<34}{'cache build':>12}{'recompute':>11}{'cached':>9}{'speed-up':>10}"
           f"{'padded text: recompute':>24}{'cached':>9}{'speed-up':>10}")
-    profiles = []
+    profiles, rows = [], []
     for backbone in backbones:
         with tempfile.TemporaryDirectory() as cache_dir:
             t = time.perf_counter()
@@ -348,18 +395,17 @@ def bench_feature_cache(backbones: list[str], steps: int, batch: int, profile_to
             cached, after = _stage1_fit(data, backbone, True, cache_dir, steps, profile_top)
             padded_recompute, _ = _stage1_fit(data, backbone, False, cache_dir, steps, packed_tokens=False)
             padded, before = _stage1_fit(data, backbone, True, cache_dir, steps, profile_top, packed_tokens=False)
-        name = backbone + (" (random weights)" if backbone == "vgg16" else "")
-        print(f"{name:<34}{build:>11.1f}s{recompute:>10.3f}s{cached:>8.3f}s{recompute / cached:>9.2f}x"
-              f"{padded_recompute:>23.3f}s{padded:>8.3f}s{padded_recompute / padded:>9.2f}x")
         profiles += [(backbone, "BERT on real tokens (packed_tokens, paper configs)", after),
                      (backbone, "BERT padded to the longest caption (before)", before)]
+        rows.append(cache_row(title, backbone, build, (recompute, cached), (padded_recompute, padded), (after, before)))
     print("(seconds per step; every column uses the paper config's visual dropout)")
     for backbone, variant, profile in profiles:
         if profile:
             print(f"\ntop {profile_top} operators of the cached steps, {backbone}, {variant} (self CPU time):\n{profile}")
+    return rows
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", nargs="+", default=["loss", "scoring", "memory", "cache"],
                    choices=["loss", "scoring", "memory", "cache"])
@@ -375,7 +421,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="timed training steps per variant (cache section)")
     p.add_argument("--profile-top", type=int, default=6, help="operators listed from the cached steps' profile")
     p.add_argument("--memory-child", type=int, nargs=4, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    add_record_option(p, help="also write the tables as one record (a row per printed row, its section in the "
+                      "'section' column): docs/records/NAME.json, or this path ending in .json")
+    args = p.parse_args(argv)
     if args.memory_child:
         memory_child(*args.memory_child)
         return
@@ -383,14 +431,19 @@ def main() -> None:
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, numpy {np.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    rows = []
     if "loss" in args.sections:
-        bench_training_loss(args.batches, args.repeats, device)
+        rows += bench_training_loss(args.batches, args.repeats, device)
     if "scoring" in args.sections:
-        bench_scoring(args.eval_images, args.eval_captions, [(64, 256), (128, 512), (32, 128)], args.repeats, device)
+        rows += bench_scoring(args.eval_images, args.eval_captions, [(64, 256), (128, 512), (32, 128)], args.repeats, device)
     if "memory" in args.sections:
-        bench_eval_memory([tuple(int(x) for x in s.split("x")) for s in args.memory_sizes], batch=100)
+        rows += bench_eval_memory([tuple(int(x) for x in s.split("x")) for s in args.memory_sizes], batch=100)
     if "cache" in args.sections:
-        bench_feature_cache(args.backbones, args.steps, args.batch, args.profile_top)
+        rows += bench_feature_cache(args.backbones, args.steps, args.batch, args.profile_top)
+    seeds = sorted({0, *(args.batches if "loss" in args.sections else [])})  # the loss section seeds each batch size
+    write_table_record(args.record, "VG-BERT stage-1 benchmarks: match-map loss and scoring, evaluation memory, feature "
+                       "cache", TABLE, rows, seeds=seeds, sections=args.sections, device=str(device), repeats=args.repeats,
+                       torch=torch.__version__, threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 a step, and the GPU-hours each paper table needs at that rate. `make gpu-check` runs it.
 
     python benchmarks/gpu_check.py [--accelerator auto|gpu|cpu] [--steps 20] [--warmup 3] [--models NAME ...]
-        [--precision bf16-mixed] [--batch-size N] [--no-feature-cache] [--out reports/gpu_check]
+        [--precision bf16-mixed] [--batch-size N] [--no-feature-cache] [--out reports/gpu_check] [--record NAME]
 
 Each model is built as ``python -m grounding fit`` builds it (``grounding.cli.build_stage``): the *model* section of
 its paper config (``experiments/*/*_paper.yaml``, ``ste_wordnet.yaml``, ``align_paper.yaml``: the paper's widths,
@@ -20,7 +20,8 @@ the peak memory the device allocator held, the host synchronisations a step (on 
 and the GPU-hours of the paper's schedule at that rate: epochs × training items ÷ per-device batch ÷ steps/s (one
 GPU; n GPUs take 1/n of the hours at the same per-device batch, DDP's overhead aside). The schedules and their sources
 (paper section, config, authors' code) are in :data:`ROWS`. The report goes to ``--out``: a Markdown table and a JSON
-record named after the device.
+record named after the device; ``--record NAME_OR_PATH`` (`make gpu-check`: ``reports/bench/gpu_check.json``) also
+writes the table as a record of ``grounding/docs_tables.py``'s schema, a row a model.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 import torch
 import yaml
 from lightning.pytorch import Callback, LightningDataModule, Trainer
+from table_record import add_record_option, write_table_record
 from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -430,6 +432,24 @@ def markdown(results: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
+def record_table(unit: str) -> list[tuple[str, str]]:
+    """The record's columns and their headers (``unit``: CPU or GPU, the hours' device)."""
+    return [("model", "model"), ("tables", "paper table(s)"), ("status", "status"), ("batch", "batch"),
+            ("steps_per_s", "steps/s"), ("peak_memory_gib", "peak memory (GiB)"), ("syncs_per_step", "syncs/step"),
+            ("paper_steps_one_gpu", "paper schedule (1 device, steps)"), ("epochs", "epochs"),
+            ("gpu_hours", f"{unit}-hours"), ("stand_ins", "stand-ins")]
+
+
+def record_rows(results: list[dict]) -> list[dict]:
+    """The report's rows as a record's (``--record``): the Markdown table's columns as numbers, a failed model's row
+    with its status and nulls."""
+    keys = ("model", "tables", "batch", "steps_per_s", "s_per_step", "peak_memory_gib", "syncs_per_step", "paper_steps_one_gpu",
+            "gpu_hours", "params_m", "steps_timed", "wall_s", "paper_config")
+    return [{**{k: r.get(k) for k in keys}, "status": r["status"], "epochs": (r.get("schedule") or {}).get("epochs"),
+             "stand_ins": "; ".join(r.get("stand_ins") or []) or None, "schedule": (r.get("schedule") or {}).get("source"),
+             "sync_sites": r.get("sync_sites") or None} for r in results]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -447,6 +467,7 @@ def main(argv=None) -> int:
                     help="cache the frozen CNN's maps before training, as the paper configs do (auto: on a GPU; on a CPU "
                          "the CNN runs on each small batch instead of on every world image first)")
     ap.add_argument("--out", default="reports/gpu_check", help="folder of the Markdown and JSON report")
+    add_record_option(ap)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
@@ -494,6 +515,10 @@ def main(argv=None) -> int:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     print(f"report: {out / (stem + '.md')}")
+    configs = [c for r in rows for c in (r.paper_config, r.world_config) if c]
+    write_table_record(args.record, f"gpu-check on {name}: {args.steps} timed steps after {args.warmup} (median step), "
+                       f"{args.precision}", record_table(unit), record_rows(results), config=configs, device=name,
+                       precision=args.precision, steps=args.steps, warmup=args.warmup, torch=torch.__version__)
     return 0 if all(r["status"] == "ok" for r in results) else 1
 
 

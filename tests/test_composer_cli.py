@@ -94,6 +94,99 @@ def test_crg_stats_show_and_mcd_commands(tmp_path, capsys, monkeypatch):
     assert list((tmp_path / "cache" / "composer" / "parses").glob("spacy-*.json.gz"))
 
 
+def _record(path):
+    from grounding.docs_tables import validate_record
+
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    return record
+
+
+def test_crg_and_mcd_write_their_records(tmp_path, capsys, monkeypatch):
+    """`crg --record` / `mcd --record`: a record docs_tables accepts, rows with stats.json's / summary.json's numbers,
+    the printed headers as labels, the --config file as config; without --record no record is written."""
+    ok, why = backend_available("spacy")
+    if not ok:
+        pytest.skip(f"spaCy backend not installed: {why}")
+    monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # no docs/records/ appears here: every path below is absolute
+    train = _token_file(tmp_path, CAPTIONS[:9], prefix="tr")
+    cand = _token_file(tmp_path, CAPTIONS[3:] + ["A dog runs on a bench .", "A man plays with a cat ."] + CAPTIONS[:1], prefix="ca")
+    cfg = tmp_path / "crg.yaml"
+    cfg.write_text(f"crg:\n  captions: {train}\n  out: {tmp_path / 'crg'}\n")
+    assert main(["crg", "--config", str(cfg), "--record", str(tmp_path / "rec" / "crg.json")]) == 0
+    out = capsys.readouterr().out
+    record = _record(tmp_path / "rec" / "crg.json")
+    stats = json.loads((tmp_path / "crg" / "stats.json").read_text())
+    assert (record["config"], record["seeds"], record["columns"]) == \
+        (str(cfg), None, ["dataset", "concepts", "predicates", "primitives", "avg_height"])
+    assert record["command"].startswith("python -m grounding.composer crg --config") and f"wrote the record {tmp_path}" in out
+    [row] = record["rows"]
+    assert row["dataset"] == "tr.token" and {k: row[k] for k in stats if k in row} == {k: stats[k] for k in stats if k in row}
+    assert set(stats) - set(row) == {"source", "parse_seconds", "extract_seconds", "graph_seconds", "parse_cache",
+                                     "unparsed_examples"}
+    printed = [line.split() for line in out.splitlines() if line.startswith("tr.token")][0]
+    assert printed[1:] == [f"{row['concepts']:,}", f"{row['predicates']:,}", f"{row['primitives']:,}", f"{row['avg_height']:.2f}"]
+    assert [record["labels"][c] for c in record["columns"]] == ["dataset", "# concepts", "# predicates", "# primitives", "avg height"]
+
+    argv = ["mcd", "--train", str(train), "--candidates", str(cand), "--out", str(tmp_path / "mcd"), "--k", "2", "--levels", "3",
+            "--random-baselines", "5"]
+    assert main(argv) == 0  # without --record: the split's files, no record
+    assert sorted(p.name for p in (tmp_path / "mcd").iterdir()) == ["candidates_crg.npz", "graded", "mcd.json", "summary.json",
+                                                                    "train_crg.npz"]
+    assert main([*argv, "--record", str(tmp_path / "mcd_record.json")]) == 0
+    record, s = _record(tmp_path / "mcd_record.json"), json.loads((tmp_path / "mcd" / "summary.json").read_text())
+    assert (record["config"], record["seeds"], record["k"], record["candidates_kept"]) == (None, [0], 2, s["candidates_kept"])
+    rows = {r["split"]: r for r in record["rows"]}
+    assert (rows["mcd"]["compound_divergence"], rows["mcd"]["atom_divergence"]) == \
+        (s["mcd"]["compound_divergence"], s["mcd"]["atom_divergence"])
+    assert rows["all_candidates"]["compound_divergence"] == s["cd_all_candidates"]
+    assert rows["random"]["compound_divergence_max"] == max(s["random_splits"]["compound_divergence"])
+    assert [r["compound_divergence"] for r in record["rows"] if r["split"] == "graded"] == \
+        [g["compound_divergence"] for g in s["graded"]]
+    assert f"compound divergence {rows['mcd']['compound_divergence']:.4f}" in capsys.readouterr().out
+    assert not list((tmp_path / "cwd").iterdir())
+
+
+def test_record_option_is_one_error_line_before_any_work(tmp_path, capsys):
+    """`--record` naming a folder, a bad name or a path under a file: exit 2, one line, nothing read or written."""
+    (tmp_path / "file.txt").write_text("x")
+    commands = [["crg", "--captions", "missing.txt", "--out", str(tmp_path / "crg")],
+                ["mcd", "--train", "a.txt", "--candidates", "b.txt", "--out", str(tmp_path / "mcd")],
+                ["cost", "--config", "missing.yaml"], ["fit-check", "--out", str(tmp_path / "world")]]
+    for argv in commands:
+        for bad, says in ((str(tmp_path), "is a folder"), ("bad:name", "record name 'bad:name'"),
+                          (str(tmp_path / "file.txt" / "x.json"), "is a file, not a folder")):
+            capsys.readouterr()
+            assert main([*argv, "--record", bad]) == 2, (argv, bad)
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.startswith("error: --record") and says in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_fit_check_rows_hold_each_seeds_figures(tmp_path):
+    """`fit-check --record`'s rows (diagnostics.fit_check_rows) on synthetic fits: per seed its recall and first / last
+    loss, the init diagnostics on the first seed's row, then the mean and sd (ddof 1); a record docs_tables accepts."""
+    from grounding.composer.diagnostics import FIT_CHECK_LABELS, fit_check_rows
+    from grounding.docs_tables import provenance, write_record
+
+    fits = [{"loss": [3.0, 2.5, 2.0], "match": [1.5, 1.0, 0.5], "t2i_r1": 50.0, "i2t_r1": 40.0, "rsum": 300.0},
+            {"loss": [3.2, 2.2], "match": [1.4, 0.7], "t2i_r1": 25.0, "i2t_r1": 12.5, "rsum": 200.0}]
+    init = {"caption_gap_sigma": 0.3, "noun_swap": 0.1, "image_swap": 0.4, "noun_to_image": 0.25}
+    rows = fit_check_rows([7, 8], fits, init, steps=3)
+    assert [r["seed"] for r in rows] == [7, 8, "mean"]
+    assert (rows[0]["t2i_r1"], rows[0]["loss_first"], rows[0]["loss_last"], rows[0]["match_last"], rows[0]["rsum"]) == \
+        (50.0, 3.0, 2.0, 0.5, 300.0)
+    assert {k: rows[0][k] for k in init} == init and all(rows[1][k] is None for k in init)
+    assert (rows[1]["loss_first"], rows[1]["loss_last"], rows[1]["i2t_r1"]) == (3.2, 2.2, 12.5) and "loss" not in rows[1]
+    assert rows[2]["t2i_r1"] == 37.5 and rows[2]["t2i_r1_sd"] == pytest.approx(float(np.std([50.0, 25.0], ddof=1)))
+    assert len(fit_check_rows([0], fits[:1], init, steps=3)) == 1  # one seed: no mean row
+    path = write_record(tmp_path / "fit.json", list(FIT_CHECK_LABELS), rows, provenance(command="fit-check", seeds=[7, 8]),
+                        labels=FIT_CHECK_LABELS)
+    assert _record(path)["rows"] == rows
+
+
 def test_config_files_load_and_the_command_line_wins(tmp_path, capsys):
     from grounding.composer.__main__ import parse_args
     from grounding.paths import EXPERIMENTS_DIR
@@ -202,10 +295,18 @@ def test_sampled_crg_writes_its_image_list(tmp_path, capsys, monkeypatch):
 def test_fit_check_reports_init_diagnostics_and_train_recall_per_seed(tmp_path, capsys):
     """`fit-check` (docs/composer.md's fit and init numbers): one line of init diagnostics, one of train R@1 per seed;
     a folder that holds something else is one error line, exit 2."""
-    assert main(["fit-check", "--steps", "1", "--seeds", "0", "--out", str(tmp_path / "world")]) == 0
+    assert main(["fit-check", "--steps", "1", "--seeds", "0", "--out", str(tmp_path / "world"),
+                 "--record", str(tmp_path / "fit.json")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].startswith("init (seed 0): caption_gap_sigma") and "noun_to_image" in lines[-2]
-    assert lines[-1].startswith("train text→image R@1 after 1 steps:") and "(seeds 0)" in lines[-1]
+    assert lines[-3].startswith("init (seed 0): caption_gap_sigma") and "noun_to_image" in lines[-3]
+    assert lines[-2].startswith("train text→image R@1 after 1 steps:") and "(seeds 0)" in lines[-2]
+    assert lines[-1] == f"wrote the record {tmp_path / 'fit.json'}"
+    # the record holds the printed figures
+    record = _record(tmp_path / "fit.json")
+    [row] = record["rows"]
+    assert (record["seeds"], record["config"], row["seed"], row["steps"]) == ([0], None, 0, 1)
+    assert f"{row['t2i_r1']:.1f} (seeds 0)" in lines[-2] and f"{row['loss_first']:.3f} → {row['loss_last']:.3f}" in lines[-2]
+    assert all(f"{k} {row[k]:.3f}" in lines[-3] for k in ("caption_gap_sigma", "noun_swap", "image_swap", "noun_to_image"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert main(["fit-check", "--steps", "1", "--out", str(tmp_path / "other")]) == 2

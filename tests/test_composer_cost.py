@@ -139,14 +139,58 @@ def tiny_config(tmp_path, **net) -> str:
 
 @pytest.mark.skipif(not backend_available("spacy")[0], reason="the spacy parser backend is not installed")
 def test_cost_command_prints_and_writes_the_counts(tmp_path, capsys):
-    out = tmp_path / "cost.json"
-    assert main(["cost", "--config", tiny_config(tmp_path), "--regions", str(N), "--out", str(out)]) == 0
+    out, config = tmp_path / "cost.json", tiny_config(tmp_path)
+    assert main(["cost", "--config", config, "--regions", str(N), "--out", str(out), "--record", str(tmp_path / "parts.json")]) == 0
     text = capsys.readouterr().out
     assert "[NP] are running on [NP]" in text and "Composition Transformer" in text
     report = json.loads(out.read_text())
     assert report["n_regions"] == N and report["total_parameters"] == sum(report["parameters"].values())
     assert report["flops"]["region embedding"] == 2 * N * D * (REGION_DIM + 5)
     assert report["crg"]["primitives"] == ["dogs", "grass"] and report["crg"]["height"] == 2
+    # --record: the printed per-part table, the counts of cost.json
+    record = _record(tmp_path / "parts.json")
+    assert (record["config"], record["columns"]) == (config, ["part", "params_m", "gflops", "gmacs"])
+    assert {"config": config, **record["cost"], "table6": []} == report
+    rows = {r["part"]: r for r in record["rows"]}
+    assert list(rows) == [*[p for p, n in report["parameters"].items() if n or report["flops"].get(p)], "total"]
+    assert all((rows[p]["parameters"], rows[p]["flops"]) == (report["parameters"][p], report["flops"].get(p, 0))
+               for p in rows if p != "total")
+    assert (rows["total"]["parameters"], rows["total"]["flops"], rows["total"]["gmacs"]) == \
+        (report["total_parameters"], report["pair_flops"], report["pair_macs"] / 1e9)
+    total = next(line for line in text.splitlines() if line.startswith("total")).split()
+    assert total[1:] == [f"{rows['total']['params_m']:.2f}M", f"{rows['total']['gflops']:.3f}", f"{rows['total']['gmacs']:.3f}"]
+
+
+def _record(path):
+    from grounding.docs_tables import validate_record
+
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    return record
+
+
+@pytest.mark.skipif(not backend_available("spacy")[0], reason="the spacy parser backend is not installed")
+def test_cost_table6_record_holds_the_printed_rows(tmp_path, capsys):
+    """`cost --table6 --record`: a row per (PT, CT) of Table 6 with the paper's cells as numbers and the counts
+    cost.json holds; a record docs_tables accepts."""
+    from grounding.composer.cost import TABLE6
+
+    out, config = tmp_path / "cost.json", tiny_config(tmp_path)
+    assert main(["cost", "--config", config, "--regions", str(N), "--table6", "--out", str(out),
+                 "--record", str(tmp_path / "table6.json")]) == 0
+    text = capsys.readouterr().out
+    record, report = _record(tmp_path / "table6.json"), json.loads(out.read_text())
+    assert record["columns"] == ["pt_layers", "ct_layers", "paper_params_m", "paper_gflops", "params_m", "gflops", "gmacs"]
+    assert [(r["pt_layers"], r["ct_layers"], r["parameters"], r["flops"]) for r in record["rows"]] == \
+        [(t["pt_layers"], t["ct_layers"], t["total_parameters"], t["pair_flops"]) for t in report["table6"]]
+    assert [(r["paper_params_m"], r["paper_gflops"]) for r in record["rows"]] == \
+        [(float(p[:-1]), float(f[:-1])) for p, f in TABLE6.values()]
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["PT", "CT"])
+    printed = [line.split() for line in lines[head + 1:head + 1 + len(TABLE6)]]
+    assert [[int(c[0]), int(c[1]), c[4]] for c in printed] == \
+        [[r["pt_layers"], r["ct_layers"], f"{r['params_m']:.2f}M"] for r in record["rows"]]
+    assert record["cost"]["total_parameters"] == report["total_parameters"] and f"wrote the record {tmp_path}" in text
 
 
 def test_cost_command_fails_in_one_line(tmp_path, capsys, monkeypatch):

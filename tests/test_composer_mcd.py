@@ -188,3 +188,32 @@ def test_mcd_and_graded_splits_cap_images_at_five_captions(tmp_path):
         split = json.loads((tmp_path / f).read_text())
         assert {len(im["sentences"]) for im in split["images"]} == {5}, f
         assert all(x["raw"] in capped.captions for im in split["images"] for x in im["sentences"])
+
+
+def test_summary_record_rows_hold_the_summary_numbers(tmp_path):
+    """`mcd --record`'s rows (grounding.composer.mcd.summary_record_rows) from summary.json: the MCD split, all
+    candidates, the random splits' mean / sd / max, each graded split in order; a record docs_tables accepts."""
+    from grounding.composer.mcd import SUMMARY_LABELS, summary_record_rows
+    from grounding.docs_tables import provenance, validate_record, write_record
+
+    _, train = _world(60, VERBS[:3] * 6 + VERBS[3:], seed=0)
+    cand_cs, cand = _world(30, VERBS, seed=1, offset=1000)
+    make_mcd_splits(train, cand, cand_cs, tmp_path, k=8, levels=3, random_baselines=4, seed=0)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    rows = summary_record_rows(s)
+    assert [r["split"] for r in rows] == ["mcd", "all_candidates", "random"] + ["graded"] * len(s["graded"])
+    assert (rows[0]["compound_divergence"], rows[0]["atom_divergence"], rows[0]["images"]) == \
+        (s["mcd"]["compound_divergence"], s["mcd"]["atom_divergence"], 8)
+    assert (rows[1]["compound_divergence"], rows[1]["images"]) == (s["cd_all_candidates"], s["candidates_kept"])
+    rnd = s["random_splits"]
+    assert rows[2]["n"] == 4 and rows[2]["compound_divergence_max"] == max(rnd["compound_divergence"])
+    assert rows[2]["compound_divergence"] == pytest.approx(np.mean(rnd["compound_divergence"]))
+    assert rows[2]["compound_divergence_sd"] == pytest.approx(np.std(rnd["compound_divergence"]))
+    assert rows[2]["atom_divergence"] == pytest.approx(np.mean(rnd["atom_divergence"]))
+    assert [(r["file"], r["window_start"], r["compound_divergence"], r["atom_divergence"]) for r in rows[3:]] == \
+        [(g["file"], g["window_start"], g["compound_divergence"], g["atom_divergence"]) for g in s["graded"]]
+    path = write_record(tmp_path / "mcd_record.json", list(SUMMARY_LABELS), rows, provenance(command="mcd", seeds=[0]),
+                        labels=SUMMARY_LABELS)
+    validate_record(json.loads(path.read_text()), str(path))
+    s["random_splits"]["n"] = 0  # no random splits: no random row
+    assert "random" not in [r["split"] for r in summary_record_rows(s)]

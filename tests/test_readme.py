@@ -1,6 +1,8 @@
 """The README is a landing page a newcomer reads in five minutes: short, no wall of text, no issue numbers or commit
 hashes, the two commands named, the reproduce section before any result, and the rendered tables' marker pairs in
-place (``python -m grounding.docs_tables`` fills them). Every checker is also run on a bad example, so each can fail."""
+place (``python -m grounding.docs_tables`` fills them). The results pages (``docs/results/*.md``) are at most 40,000
+characters, a finding's paragraph at most 800, and none of their tables is typed: each is rendered from its record.
+Every checker is also run on a bad example, so each can fail."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from grounding.docs_tables import END, START
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
@@ -16,6 +20,11 @@ MAX_LINES = 120
 MAX_CHARS = 10_000
 MAX_PARAGRAPH = 600
 MARKERS = ("leaderboard_flickr8k_full", "papers_claims")
+RESULTS_PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
+MAX_PAGE_CHARS = 40_000
+MAX_FINDING = 800
+# the README's one table that is not a result: the documentation index
+NOT_RESULTS = ("| page | what it holds |",)
 
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&/])#\d+\b", re.IGNORECASE)
@@ -92,6 +101,32 @@ def order_problems(text: str) -> list[str]:
     return []
 
 
+def typed_tables(text: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    """The header line of every Markdown table outside a ``<!-- table: NAME -->`` ... ``<!-- /table -->`` pair and
+    outside code fences (a table typed by hand), except those whose header is in ``allowed``."""
+    found, fenced, rendered, previous = [], False, False, ""
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and START.match(line):
+            rendered = True
+        elif not fenced and END.match(line):
+            rendered = False
+        elif (not fenced and not rendered and line.lstrip().startswith("|") and not previous.lstrip().startswith("|")
+              and line.strip() not in allowed):
+            found.append(line.strip())
+        previous = line
+    return found
+
+
+def results_page_problems(text: str) -> list[str]:
+    problems = [f"{len(text):,} characters (at most {MAX_PAGE_CHARS:,})"] if len(text) > MAX_PAGE_CHARS else []
+    problems += [f"a paragraph of {len(p)} characters (at most {MAX_FINDING}): {p[:80]}..."
+                 for p in paragraphs(text) if len(p) > MAX_FINDING]
+    problems += [f"a typed table (render it from a record, docs/records/README.md): {h[:80]}" for h in typed_tables(text)]
+    return problems
+
+
 @pytest.fixture(scope="module")
 def readme() -> str:
     return README.read_text(encoding="utf-8")
@@ -118,6 +153,16 @@ def test_readme_reproduce_comes_before_results(readme):
     assert not order_problems(readme), "\n".join(order_problems(readme))
 
 
+def test_readme_types_no_table(readme):
+    assert not typed_tables(readme, NOT_RESULTS), typed_tables(readme, NOT_RESULTS)
+
+
+@pytest.mark.parametrize("page", RESULTS_PAGES, ids=[p.stem for p in RESULTS_PAGES])
+def test_results_pages_are_short_and_render_every_table(page):
+    problems = results_page_problems(page.read_text(encoding="utf-8"))
+    assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
 # The checkers themselves, on bad and good examples.
 
 def test_length_checker_catches_lines_characters_and_paragraphs():
@@ -133,6 +178,18 @@ def test_length_checker_catches_lines_characters_and_paragraphs():
     assert not length_problems(f"```\n{long}\n```\n\n| {long} |\n|---|\n")
     assert not length_problems(("- " + "word " * 70 + "\n") * 2)
     assert not length_problems(("word " * 70 + "\n\n") * 2)
+
+
+def test_results_page_checker_catches_size_findings_and_typed_tables():
+    rendered = "<!-- table: board -->\n| a | b |\n|---|---|\n| 1 | 2 |\n<!-- /table -->\n"
+    assert not results_page_problems("# R\n\n" + rendered + "\nA finding.\n")
+    assert any("typed table" in p for p in results_page_problems("# R\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"))
+    assert not results_page_problems("```\n| a | b |\n```\n")  # an example in a fence is not a table
+    assert typed_tables(rendered + "\n| page | what it holds |\n|---|---|\n", NOT_RESULTS) == []
+    assert typed_tables(rendered + "\n| x | y |\n|---|---|\n", NOT_RESULTS) == ["| x | y |"]
+    assert any("a paragraph of" in p for p in results_page_problems("word " * 161 + "\n"))  # 805 characters
+    assert not results_page_problems("word " * 159 + "\n")
+    assert any("characters (at most 40,000)" in p for p in results_page_problems(("word " * 100 + "\n\n") * 81))
 
 
 def test_paragraphs_split_as_described():

@@ -368,3 +368,17 @@ def format_stats(stats: dict, name: str = "") -> str:
              f"parse failures {stats['parse_failed']:,}; captions without a concept {stats['no_concept']:,}; "
              f"max height {stats['max_height']}")
     return "\n".join([head, row, extra])
+
+
+# Table 1's record (``crg --record NAME``): the columns format_stats prints, headers as it prints them; each row also
+# holds the rest of stats() under its own keys (labelled as the extra line names them)
+STATS_LABELS = {"dataset": "dataset", "concepts": "# concepts", "predicates": "# predicates", "primitives": "# primitives",
+                "avg_height": "avg height", "captions": "captions", "images": "images", "applications": "applications",
+                "parse_failed": "parse failures", "no_concept": "captions without a concept", "max_height": "max height"}
+STATS_COLUMNS = ("dataset", "concepts", "predicates", "primitives", "avg_height")
+
+
+def stats_record_row(stats: dict, name: str = "", **settings) -> dict:
+    """One record row of :meth:`ConceptGraph.stats` (``stats.json``'s keys and values) named ``name`` (the
+    ``dataset`` column, not cut to format_stats' 16 characters), then ``settings`` (backend, degrade, seed)."""
+    return {"dataset": name, **stats, **settings}

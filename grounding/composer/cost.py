@@ -299,3 +299,43 @@ def format_table6(costs: dict[tuple[int, int], CostReport]) -> str:
         lines.append(f"{pt:>3}{ct:>4}{paper_params:>14}{paper_flops:>13}{_m(r.total_parameters):>11}{_g(r.pair_flops):>9}"
                      f"{_g(r.pair_flops // 2):>8}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ records (``cost --record NAME``)
+# the printed tables as records: counts as numbers (parameters and FLOPs exact, params_m / gflops / gmacs scaled as printed)
+PARTS_LABELS = {"part": "part", "params_m": "parameters (M)", "gflops": "GFLOPs", "gmacs": "GMACs"}
+TABLE6_LABELS = {"pt_layers": "PT", "ct_layers": "CT", "paper_params_m": "paper params (M)", "paper_gflops": "paper FLOPS (G)",
+                 "params_m": "params (M)", "gflops": "GFLOPs", "gmacs": "GMACs"}
+
+
+def _counts(parameters: int | None, flops: int | None) -> dict:
+    return {"parameters": parameters, "params_m": None if parameters is None else parameters / 1e6, "flops": flops,
+            "gflops": None if flops is None else flops / 1e9, "gmacs": None if flops is None else flops / 2e9}
+
+
+def cost_record_rows(report: CostReport) -> list[dict]:
+    """:func:`format_cost`'s table as rows: every part it prints, ``other`` FLOPs, ``total`` (the pair's FLOPs, the
+    frozen backbone excluded) and ``trainable`` when it differs from the total."""
+    rows = [{"part": part, **_counts(n, report.flops.get(part, 0))} for part, n in report.parameters.items()
+            if n or report.flops.get(part, 0)]
+    if report.flops.get("other"):
+        rows.append({"part": "other", **_counts(None, report.flops["other"])})
+    rows.append({"part": "total", **_counts(report.total_parameters, report.pair_flops)})
+    if report.trainable_parameters != report.total_parameters:
+        rows.append({"part": "trainable", **_counts(report.trainable_parameters, None)})
+    return rows
+
+
+def _paper_number(text: str) -> float | None:
+    """``"129M"`` -> 129.0, ``"35.40G"`` -> 35.4 (Table 6's cells in their own unit)."""
+    return float(text[:-1]) if text else None
+
+
+def table6_record_rows(costs: dict[tuple[int, int], CostReport]) -> list[dict]:
+    """:func:`format_table6`'s rows: PT / CT layers, the paper's # Param (M) and FLOPS (G), then the counts here."""
+    rows = []
+    for (pt, ct), r in costs.items():
+        paper_params, paper_flops = TABLE6.get((pt, ct), ("", ""))
+        rows.append({"pt_layers": pt, "ct_layers": ct, "paper_params_m": _paper_number(paper_params),
+                     "paper_gflops": _paper_number(paper_flops), **_counts(r.total_parameters, r.pair_flops)})
+    return rows

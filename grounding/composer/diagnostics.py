@@ -170,3 +170,28 @@ def init_diagnostics(net: Composer, dm, image: int = 0) -> dict[str, float]:
     return {"caption_gap_sigma": float(gap), "noun_swap": float(noun_swap), "image_swap": float(image_swap),
             "noun_to_image": float(noun_swap / image_swap.clamp(min=1e-12))}
 
+
+
+# ``fit-check --record NAME``: a row per seed, what the command prints (init diagnostics: the first seed's row)
+FIT_CHECK_LABELS = {"seed": "seed", "t2i_r1": "train text→image R@1", "t2i_r1_sd": "sd", "loss_first": "loss (first step)",
+                    "loss_last": "loss (last step)", "caption_gap_sigma": "same-image gap (σ)", "noun_swap": "noun swap",
+                    "image_swap": "image swap", "noun_to_image": "noun swap / image swap"}
+INIT_KEYS = ("caption_gap_sigma", "noun_swap", "image_swap", "noun_to_image")
+
+
+def fit_check_rows(seeds: list[int], fits: list[dict], init: dict[str, float], steps: int) -> list[dict]:
+    """The record of ``fit-check``: per seed its :func:`fit_small` result (train recall, ``rsum``, the first and last
+    step's ``loss`` and ``match``, not the histories) and, on the first seed's row, ``init`` (:func:`init_diagnostics`);
+    with several seeds a last row ``seed: "mean"``: the mean train text→image R@1 and its sd (ddof 1), as printed."""
+    rows = []
+    for i, (seed, fit) in enumerate(zip(seeds, fits)):
+        loss, match = fit.get("loss") or [], fit.get("match") or []
+        recall = {k: v for k, v in fit.items() if k not in ("loss", "match")}
+        rows.append({"seed": int(seed), "steps": steps, **recall,
+                     "loss_first": loss[0] if loss else None, "loss_last": loss[-1] if loss else None,
+                     "match_first": match[0] if match else None, "match_last": match[-1] if match else None,
+                     **{k: init.get(k) if i == 0 else None for k in INIT_KEYS}})
+    if len(rows) > 1:
+        r1 = [r["t2i_r1"] for r in rows]
+        rows.append({"seed": "mean", "steps": steps, "t2i_r1": float(np.mean(r1)), "t2i_r1_sd": float(np.std(r1, ddof=1))})
+    return rows

@@ -256,3 +256,30 @@ def make_mcd_splits(train: ConceptGraph, cand: ConceptGraph, cand_captions: Capt
     }
     atomic_write_json(out_dir / "summary.json", summary, indent=2)
     return summary
+
+
+# the record of a split (``mcd --record NAME``): a row per split, ``split`` naming its kind (mcd, all_candidates, random,
+# graded); the random row is the mean over the random splits, with the sd (over the splits, as printed) and max
+SUMMARY_LABELS = {"split": "split", "images": "images", "compound_divergence": "compound divergence",
+                  "compound_divergence_sd": "± sd", "compound_divergence_max": "max", "atom_divergence": "atom divergence"}
+SUMMARY_KEYS = ("k", "captions_per_image", "candidates", "candidates_kept", "candidates_dropped", "mcd_beats_all_random",
+                "windows", "random_splits")
+
+
+def summary_record_rows(summary: dict) -> list[dict]:
+    """The rows of :func:`make_mcd_splits`' summary (``summary.json``): the MCD split, all kept candidates (their
+    compound divergence), the random splits' mean (when there are any) and every graded split, in its order."""
+    k, rnd = summary["k"], summary["random_splits"]
+    rows = [{"split": "mcd", "file": summary["mcd"]["file"], "images": k,
+             "compound_divergence": summary["mcd"]["compound_divergence"], "atom_divergence": summary["mcd"]["atom_divergence"]},
+            {"split": "all_candidates", "file": None, "images": summary["candidates_kept"],
+             "compound_divergence": summary["cd_all_candidates"], "atom_divergence": None}]
+    if rnd["n"]:
+        cd, ad = np.asarray(rnd["compound_divergence"], float), np.asarray(rnd["atom_divergence"], float)
+        rows.append({"split": "random", "file": None, "images": k, "n": rnd["n"], "compound_divergence": float(cd.mean()),
+                     "compound_divergence_sd": float(cd.std()), "compound_divergence_max": float(cd.max()),
+                     "atom_divergence": float(ad.mean()), "atom_divergence_sd": float(ad.std())})
+    rows += [{"split": "graded", "file": g["file"], "images": k, "window_start": g["window_start"],
+              "compound_divergence": g["compound_divergence"], "atom_divergence": g["atom_divergence"]}
+             for g in summary["graded"]]
+    return rows
