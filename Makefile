@@ -317,6 +317,7 @@ semantic-space-flickr8k: install  ## VG-BERT semantic-space report (concreteness
 # ~45 min each on 2 idle CPU cores, 3-4x that beside other jobs), each seed's report against MiniLM (experiments/semantic_space/flickr8k_full_seed<N>.yaml),
 # then every measure's move as mean +- sd over the seeds, with each seed's paired interval
 # (reports/semantic_space/flickr8k_full_seeds/seeds.md). Seed 0 is `make semantic-space-flickr8k`'s model.
+# SEEDS_RECORD=NAME also writes the seeds table as docs/records/NAME.json.
 SEMANTIC_FLICKR8K_SEEDS ?= 1 2
 semantic-space-flickr8k-seeds: install  ## VG-BERT semantic space over 3 stage-1 seeds on the 6,000 photos: each seed's report, then mean +- sd of every move (fits what is missing)
 	@test -f reports/semantic_space/flickr8k_full/intervals.csv || $(MAKE) --no-print-directory semantic-space-flickr8k
@@ -329,7 +330,7 @@ semantic-space-flickr8k-seeds: install  ## VG-BERT semantic space over 3 stage-1
 	  $(PY) -m grounding.semantic_space --config experiments/semantic_space/flickr8k_full_seed$$seed.yaml $(EVALUATE_ARGS); done
 	$(PY) -m grounding.semantic_space.seeds --seed reports/semantic_space/flickr8k_full "Grounded (6,000 photos)" \
 	  $(foreach s,$(SEMANTIC_FLICKR8K_SEEDS),--seed reports/semantic_space/flickr8k_full_seed$(s) "Grounded (6,000 photos, seed $(s))") \
-	  --out reports/semantic_space/flickr8k_full_seeds
+	  --out reports/semantic_space/flickr8k_full_seeds $(if $(SEEDS_RECORD),--record $(SEEDS_RECORD))
 
 demo-evaluate: install  ## semantic-space report on the demo's stage-1/stage-2 checkpoints vs MiniLM (reports/semantic_space_demo)
 	$(call made_first,$(call report_ckpts,$(DEMO_EVALUATE_CONFIG)))

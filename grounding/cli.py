@@ -18,7 +18,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import yaml
@@ -42,6 +42,7 @@ import data_modules.visual_genome  # noqa: F401
 import grounding.semclip  # noqa: F401 - registers the STE and alignment stages
 import grounding.vgbert  # noqa: F401 - registers VG-BERT's stages
 from grounding.checkpoints import check_stage_checkpoint, checkpoint_class, load_checkpoint_file, require_checkpoint_file
+from grounding.docs_tables import DocsTableError, provenance, record_option, record_path, write_record
 from grounding.encoders import backbone_normalisation
 from grounding.errors import EXIT_BAD_INPUT, UserInputError, at_most_three_lines, user_errors_exit
 from grounding.nets import class_of, moved_options, regrouped_spec
@@ -128,8 +129,33 @@ class RunConfigCallback(SaveConfigCallback):
             root = trainer.default_root_dir
             write_run_config(root, self.stage, self.parser.dump(self.config, skip_none=False))
             if metrics_of is not None:
-                write_run_metrics(root, metrics_of, dict(trainer.callback_metrics))
+                metrics = write_run_metrics(root, metrics_of, dict(trainer.callback_metrics))
+                if metrics_of in RECORDED_COMMANDS and self.config.get("record"):
+                    write_metrics_record(self.config, metrics, root, getattr(self, "config_files", []))
         self.already_saved = True
+
+
+RECORDED_COMMANDS = ("test", "validate")
+
+
+def write_metrics_record(config, metrics_file: Path, root: str, configs: list[str]) -> Path:
+    """``test`` / ``validate`` with ``--record NAME``: the metrics they wrote (``metrics.<command>.json``) as one row of a
+    record (grounding/docs_tables.py): ``run`` (the run folder), ``checkpoint``, then each metric without its
+    ``test/`` or ``val/`` prefix; provenance: this command line, ``configs`` (the ``--config`` files as given),
+    ``seed_everything``."""
+    import json
+
+    metrics = json.loads(Path(metrics_file).read_text(encoding="utf-8"))
+    columns = {name.split("/", 1)[-1]: name for name in metrics}
+    row = {"run": str(root), "checkpoint": config.get("ckpt_path"), **{c: metrics[name] for c, name in columns.items()}}
+    seed = config.get("seed_everything")
+    keys = provenance(config=configs[0] if len(configs) == 1 else configs or None,
+                      seeds=[seed] if isinstance(seed, int) and not isinstance(seed, bool) else None)
+    path = write_record(record_path(config.get("record")), ["run", *columns], [row], keys,
+                        title=f"{Path(metrics_file).stem.split('.')[-1]} metrics of {root}",
+                        labels={"run": "run", **columns})
+    print(f"wrote the record {path}")
+    return path
 
 
 EVALUATION_COMMANDS = ("test", "validate", "predict")
@@ -199,6 +225,10 @@ class GroundingCLI(LightningCLI):
         parser.add_argument("--allow_eval_overlap", type=bool, default=False,
                             help="evaluate even on images that a checkpoint of the init_from chain trained on (a "
                                  "warning instead of the error; grounding/training_images.py)")
+        parser.add_argument("--record", type=Optional[str], default=None,
+                            help="test / validate: also write the metrics as a record (grounding/docs_tables.py), "
+                                 "docs/records/NAME.json or this path ending in .json: one row, the run folder, the "
+                                 "checkpoint and each metric, with this command line, the configs, commit, date, machine")
         parser.add_argument("--checkpoint_every_minutes", type=NonNegativeFloat, default=15.0,
                             help="fit: also rewrite last.ckpt mid-epoch every this many minutes of training, with the "
                                  "training loader's position, so a long epoch killed resumes (--ckpt_path last) at "
@@ -230,6 +260,11 @@ class GroundingCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         # A stage config's `base:` is loaded before it (see expand_config_bases).
+        given = sys.argv[1:] if args is None else args
+        # the config files as the user named them (a record's `config`), before their bases are expanded
+        self.config_files = [a.split("=", 1)[1] if a.startswith("--config=") else b for a, b in zip(given, [*given[1:], ""])
+                             if isinstance(a, str) and (a.startswith("--config=") or a == "--config")] \
+            if isinstance(given, (list, tuple)) else []
         if args is None:
             sys.argv[1:] = nested_nulls_as_config(expand_config_bases(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
@@ -315,12 +350,16 @@ class GroundingCLI(LightningCLI):
             self.model.allow_eval_overlap = True  # read by grounding.training_images.TrainingImages
         if hasattr(self.model, "checkpoint_every_minutes"):
             self.model.checkpoint_every_minutes = float(config.get("checkpoint_every_minutes") or 0.0)  # LastCheckpoint
+        for callback in getattr(getattr(self, "trainer", None), "callbacks", []):  # a record names the configs as given
+            if isinstance(callback, RunConfigCallback):
+                callback.config_files = list(getattr(self, "config_files", []))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand:  # a command that will read the data (run=False only builds the objects)
             check_values(config)
             check_inputs_early(config, self.subcommand)
+            check_record_option(config, self.subcommand)
         trainer = config.trainer
         trainer.precision = resolve_precision(trainer.precision, trainer.accelerator)
         if trainer.logger in (False, None) and isinstance(trainer.get("callbacks"), list):
@@ -347,6 +386,21 @@ class GroundingCLI(LightningCLI):
             if moved is not None and config.get("ckpt_path"):  # resumed from where the run's checkpoints went
                 config.ckpt_path = str(moved_checkpoint(config.ckpt_path, root, moved))
             self.run_lock = RunLock(root).acquire()
+
+
+def check_record_option(config, subcommand: str) -> None:
+    """``--record`` is for test / validate and names a record or a ``.json`` path that can be written
+    (:func:`grounding.docs_tables.record_option`): else one line, before any data is read."""
+    name = config.get("record")
+    if not name:
+        return
+    if subcommand not in RECORDED_COMMANDS:
+        raise ConfigError(f"--record {name}: only {' / '.join(RECORDED_COMMANDS)} write a record (their metrics); "
+                          f"drop it from `{subcommand}`")
+    try:
+        record_option(name)
+    except DocsTableError as e:
+        raise ConfigError(str(e)) from None
 
 
 def checkpoint_compatible(recorded: str, named: str) -> bool:

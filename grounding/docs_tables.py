@@ -23,7 +23,8 @@ Optional: ``title``; ``labels`` (column -> the header printed for it); ``links``
 repository paths, ``docs/results/x.md#anchor``: printed as links from the page, ``[x](...)``); ``provenance_note`` (how the
 provenance was established); ``transcribed_from`` (a record typed from the docs rather than written by its command:
 which file, at which commit); anything else the writing command keeps (``source``, ``test_set``, ...). Commands
-write records with :func:`write_record` and :func:`provenance` (``python -m grounding.leaderboard --record NAME``).
+write records with :func:`write_record` and :func:`provenance` (``python -m grounding.leaderboard --record NAME``),
+checking ``--record NAME`` with :func:`record_option` before any work.
 
 **A marker pair** in README.md or ``docs/**/*.md`` (each marker on its own line; markers inside ``` fences are
 examples, not markers)::
@@ -131,6 +132,21 @@ def record_path(name: str | Path) -> Path:
     if not NAME.match(text):
         raise DocsTableError(f"record name {text!r}: use letters, digits, '_', '-', '.' (it becomes docs/records/{text}.json)")
     return RECORDS / f"{text}.json"
+
+
+def record_option(name: str | Path | None, option: str = "--record") -> Path | None:
+    """``--record NAME``'s path (:func:`record_path`; None without a name), checked before a command does any work: a
+    bad name, a folder or a file in the way of its folder is a :class:`DocsTableError` (one line, exit 2)."""
+    if name is None or name == "":
+        return None
+    text = str(name)
+    path = record_path(text)
+    if text.endswith(("/", os.sep)) or path.is_dir():
+        raise DocsTableError(f"{option} {text}: a folder, not a record; name a record or a file ending in .json")
+    in_the_way = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        raise DocsTableError(f"{option} {text}: {in_the_way} is a file, not a folder; choose another path")
+    return path
 
 
 def _finite(value):

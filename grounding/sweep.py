@@ -6,7 +6,7 @@ Three commands::
     python -m grounding.sweep experiments/sweeps/stage1_layers.yaml --dry-run  # print the commands only
     python -m grounding.sweep experiments/sweeps/stage1_layers_world.yaml --set trainer.max_epochs=1   # a rehearsal
     python -m grounding.sweep run --sweep NAME --config STAGE.yaml [--report REPORT.yaml] --key=value ...
-    python -m grounding.sweep summarize outputs/sweeps/NAME        # every run's sweep_result.json -> one table
+    python -m grounding.sweep summarize outputs/sweeps/NAME [--record NAME]   # every run's sweep_result.json -> one table
 
 **One run** (``run``; what a sweep YAML's ``command`` names, so ``wandb agent``, which only substitutes
 ``${args}``, and the offline runner run the same program):
@@ -51,7 +51,11 @@ cells the mean category silhouette; k = 0 is the plain encoder), Table 2 (loss t
 STE runs give SemCLIP's Table 2 (``ste_table2``): a row per run (Spearman per benchmark, their mean, Table 1's
 coverage), best first, beside the paper's STE columns. Each paper's tables live in its package
 (:mod:`grounding.vgbert.sweep_tables`, :mod:`grounding.semclip.sweep_tables`; the table type in
-:mod:`grounding.summary_tables`); this entry point gathers them.
+:mod:`grounding.summary_tables`); this entry point gathers them. ``summarize ... --record NAME`` also writes the
+every-run table as a record of :mod:`grounding.docs_tables` (``docs/records/NAME.json``, or a path ending in ``.json``):
+a row per run (summary.csv's keys, parameters as their values, every headline number unrounded, and the run's seed),
+its columns summary.md's; its config the runs' stage and report configs, its seeds the runs' ``seed_everything``
+(null unless every run's is known).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from pathlib import Path
 
 import yaml
 
+from grounding.docs_tables import provenance, record_option, write_record
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.run_folder import best_checkpoint
 from grounding.semclip.sweep_tables import ste_table
@@ -792,9 +797,10 @@ MD_NUMBERS = ("test/i2t_r1", "test/t2i_r1", "test/rsum", "test/object_top1", "te
               "ste/EN-MEN-TR-3k", "learnable_parameters", "fit_seconds")
 
 
-def summarize(folder: str | os.PathLike) -> list[Path]:
+def summarize(folder: str | os.PathLike, record: str | os.PathLike | None = None) -> list[Path]:
     """``summary.md`` (every table this sweep's parameters make, and one line per run), ``summary.csv`` (one row
-    per run) and ``<table>.csv`` per table, in the sweep folder; every file written atomically."""
+    per run) and ``<table>.csv`` per table, in the sweep folder; every file written atomically. With ``record`` (a
+    path), also the every-run table as a record there (:func:`write_summary_record`)."""
     folder = Path(folder)
     results = collect_results(folder)
     tables: list[Table] = []
@@ -820,6 +826,8 @@ def summarize(folder: str | os.PathLike) -> list[Path]:
     md += ["| " + " | ".join(_cell(row.get(c, "")) for c in shown) + " |" for row in rows]
     written.append(atomic_write_csv(folder / "summary.csv", rows, columns))
     written.append(atomic_write_text(folder / "summary.md", "\n".join(md) + "\n"))
+    if record is not None:
+        written.append(write_summary_record(record, folder, results, shown))
     return written
 
 
@@ -829,13 +837,67 @@ def _cell(value) -> str:
     return str(value)
 
 
+def _record_value(value):
+    """A parameter as a record's cell: a number, text, true / false or null as it is; a list or mapping as its text."""
+    return _fmt(value) if isinstance(value, (list, dict)) else value
+
+
+def _int_seed(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def run_seed(result: dict, folder: Path) -> int | None:
+    """The seed a run was fitted with: a ``seed_everything`` parameter or override, else the ``seed_everything`` of
+    the ``config.yaml`` its fit wrote (``<folder>/<run>/`` or the result's ``folder``); None when none says."""
+    for given in (result.get("params") or {}, result.get("overrides") or {}):
+        seeds = [_int_seed(v) for k, v in given.items() if k.split(".")[-1] == "seed_everything"]
+        if seeds and seeds[0] is not None:
+            return seeds[0]
+    run_dirs = [folder / str(result["run"])] if result.get("run") else []
+    run_dirs += [Path(result["folder"])] if result.get("folder") else []
+    for run_dir in run_dirs:
+        try:
+            config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            continue
+        if isinstance(config, dict) and _int_seed(config.get("seed_everything")) is not None:
+            return config["seed_everything"]
+    return None
+
+
+def summary_record_rows(results: list[dict], folder: Path) -> list[dict]:
+    """The record's rows: a row per run, as summary.csv's (its name, parameters by last key component, every headline
+    number) with parameters as values (numbers as numbers, null when the run has none) and unrounded numbers, and the
+    run's ``seed`` (:func:`run_seed`)."""
+    params = list(dict.fromkeys(k.split(".")[-1] for r in results for k in (r.get("params") or {})))
+    return [{"run": r.get("run"), **{p: _record_value(param(r, p)) for p in params}, **headline(r),
+             "seed": run_seed(r, folder)} for r in results]
+
+
+def write_summary_record(path: str | os.PathLike, folder: Path, results: list[dict], columns: list[str]) -> Path:
+    """The summary's every-run table as a record (:mod:`grounding.docs_tables`) at ``path``: ``columns`` (summary.md's),
+    :func:`summary_record_rows`; config: the runs' stage and report configs; seeds: every run's (null unless all are
+    known)."""
+    rows = summary_record_rows(results, folder)
+    configs = list(dict.fromkeys(c for r in results for c in (r.get("config"), (r.get("semantic_space") or {}).get(
+        "source_config")) if isinstance(c, str) and c))
+    seeds = [row["seed"] for row in rows]
+    keys = provenance(config=configs[0] if len(configs) == 1 else configs or None,
+                      seeds=None if None in seeds else sorted(set(seeds)))
+    return write_record(path, columns, rows, keys, title=f"Sweep {folder.name}: {len(results)} runs",
+                        labels={c: c for c in columns}, sweep=folder.name, summary=str(folder / "summary.csv"))
+
+
 def summarize_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog=f"{PROG} summarize", allow_abbrev=False,
                                 description="Collect every run's sweep_result.json of a sweep folder into tables "
                                             "laid out as the paper's (summary.md, summary.csv, <table>.csv).")
     p.add_argument("folder", help="the sweep folder, outputs/sweeps/<sweep>")
+    p.add_argument("--record", metavar="NAME",
+                   help="also write the every-run table as docs/records/NAME.json (or this path ending in .json)")
     args = p.parse_args(argv)
-    written = summarize(args.folder)
+    record = record_option(args.record)
+    written = summarize(args.folder, record)
     print((Path(args.folder) / "summary.md").read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(w) for w in written))
     return 0

@@ -293,6 +293,8 @@ def _training_cli_cases(i):
          "holds another run", "--trainer.default_root_dir"),
         ("ckpt_path_not_a_checkpoint", g, ["test", "--config", s1, "--ckpt_path", str(d / "garbage.ckpt")],
          str(d / "garbage.ckpt"), "Fix:"),
+        ("record_on_fit", g, ["fit", "--config", s1, "--record", "board"], "--record board", "drop it"),
+        ("record_bad_name", g, ["test", "--config", s1, "--record", "a b"], "a b", "letters"),
         ("option_typo", g, ["fit", "--config", s1, "--trainer.max_epoch", "1"], "--trainer.max_epoch", "--help"),
         ("config_missing", g, ["fit", "--config", str(d / "none.yaml")], "none.yaml", ""),
         ("config_yaml_syntax", g, ["fit", "--config", str(d / "syntax.yaml")], "syntax.yaml:4:1", "fix the file"),

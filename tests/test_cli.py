@@ -141,6 +141,7 @@ def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world,
     from run_helpers import tiny_stage1_config
 
     from grounding.cli import main
+    from grounding.docs_tables import validate_record
 
     monkeypatch.setenv("GROUNDING_CACHE", str(tmp_path / "cache"))
     config = tiny_stage1_config(tmp_path / "stage1.yaml", tiny_world, tmp_path / "run", limit_train_batches=2,
@@ -161,8 +162,16 @@ def test_ckpt_path_last_resumes_and_best_or_last_test_the_runs_files(tiny_world,
     segments = json.loads((tmp_path / "run" / "fit_record.json").read_text())["segments"]
     assert [(seg["first_epoch"], seg["epochs"]) for seg in segments] == [(0, 1), (1, 1)]
     by_name = run("test", "--ckpt_path=last").trainer.callback_metrics["test/rsum"]
-    by_path = run("test", f"--ckpt_path={last}").trainer.callback_metrics["test/rsum"]
+    record = tmp_path / "records" / "stage1_test.json"
+    by_path = run("test", f"--ckpt_path={last}", f"--record={record}").trainer.callback_metrics["test/rsum"]
     assert float(by_name) == float(by_path)
+    # --record: the metrics it wrote, as one row of a record (grounding/docs_tables.py) naming the config as given
+    written = json.loads(record.read_text())
+    validate_record(written, str(record))
+    assert written["config"] == str(config) and written["rows"][0]["checkpoint"] == str(last)
+    assert written["rows"][0]["rsum"] == pytest.approx(float(by_path)) and "rsum" in written["columns"]
+    assert written["rows"][0] == {"run": str(tmp_path / "run"), "checkpoint": str(last), **{
+        k.split("/", 1)[1]: v for k, v in json.loads((tmp_path / "run" / "metrics.test.json").read_text()).items()}}
     assert run("test", "--ckpt_path=best").trainer.callback_metrics["test/rsum"] is not None
     with pytest.raises(SystemExit) as exit_info:
         run("test", "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path / 'empty'}")

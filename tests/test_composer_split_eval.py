@@ -18,8 +18,9 @@ from grounding.cli import main as cli_main
 from grounding.composer import backend_available, read_captions, write_karpathy_split
 from grounding.composer.__main__ import main
 from grounding.composer.data import ComposerDataModule
+from grounding.docs_tables import validate_record
 from grounding.errors import user_errors_exit
-from grounding.leaderboard.evaluate_splits import PROG
+from grounding.leaderboard.evaluate_splits import PROG, write_splits_record
 from grounding.leaderboard.evaluate_splits import main as splits_main
 from grounding.leaderboard.splits import COLUMNS, find_splits, plot_fig4, write_table
 from grounding.paths import EXPERIMENTS_DIR
@@ -167,8 +168,9 @@ def test_evaluate_splits_end_to_end_on_a_tiny_world(tiny_world, tmp_path, monkey
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
     out = tmp_path / "report"
+    record_file = tmp_path / "records" / "splits.json"
     assert split_eval(["--config", str(config), "--ckpt", str(ckpt), "--splits", str(splits),
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--record", str(record_file)]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((splits / "summary.json").read_text())
     saved = json.loads((out / "splits.json").read_text())
@@ -187,14 +189,56 @@ def test_evaluate_splits_end_to_end_on_a_tiny_world(tiny_world, tmp_path, monkey
         assert {k: r["metrics"][k] for k in r["metrics"]} == pytest.approx(rows[0]["metrics"])
     assert saved["random_splits"]["n"] == 3 and np.isfinite(saved["seconds"])
     with open(out / "splits.csv") as f:
-        assert len(list(csv.DictReader(f))) == len(rows)
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
     assert (out / "fig4.png").stat().st_size > 0
+    _check_splits_record(json.loads(record_file.read_text()), saved, table, str(config))
+
+
+def _check_splits_record(record, saved, table, config):
+    """The record of --record: the schema, the table's columns, its rows the numbers of splits.json (unrounded) and
+    splits.csv (4 decimals), the --config file."""
+    validate_record(record, "record")
+    assert record["columns"] == list(COLUMNS) and set(record["labels"]) == set(COLUMNS)
+    assert record["config"] == config and record["seeds"] is None and record["checkpoint"] == saved["checkpoint"]
+    assert [r["split"] for r in record["rows"]] == [r["split"] for r in saved["splits"]] == [r["split"] for r in table]
+    for written, row, csv_row in zip(record["rows"], saved["splits"], table):
+        assert {c: written[c] for c in COLUMNS} == {c: row[c] for c in COLUMNS} and written["mcd"] == row["mcd"]
+        for c in COLUMNS[2:]:
+            assert isinstance(written[c], (int, float)) and written[c] == pytest.approx(float(csv_row[c]), abs=1e-4), c
+
+
+def test_the_record_of_a_synthetic_table(tmp_path):
+    """write_splits_record on synthetic rows: the table write_table writes, numbers as numbers, NaN as null."""
+    rows = [_row("mcd", 0.3, 10.0, 40.0, mcd=True), _row("cd_0.1000_start9", 0.1, 30.0 + 1 / 3, 70.0)]
+    rows[1]["atom_divergence"] = float("nan")
+    info = {"checkpoint": "x.ckpt", "seconds": 1.5}
+    write_table(rows, tmp_path, info)
+    path = write_splits_record(tmp_path / "r.json", {**info, "splits": rows}, "m.yaml")
+    record = json.loads(path.read_text())
+    with open(tmp_path / "splits.csv") as f:
+        table = list(csv.DictReader(f))
+    assert record["rows"][1]["atom_divergence"] is None and table[1]["atom_divergence"] == "nan"
+    rows[1]["atom_divergence"] = table[1]["atom_divergence"] = 0.0
+    record["rows"][1]["atom_divergence"] = 0.0
+    _check_splits_record(record, {**info, "splits": rows}, table, "m.yaml")
+    assert record["rows"][1]["t2i_r1"] == 30.0 + 1 / 3 and record["seconds"] == 1.5
+
+
+@pytest.mark.parametrize("bad", ["bad name!", "folder", "in/a/file.json"])
+def test_a_bad_record_is_one_line_before_any_work(bad, tmp_path, capsys):
+    (tmp_path / "in").write_text("x")
+    name = {"folder": str(tmp_path), "in/a/file.json": str(tmp_path / "in" / "a" / "file.json")}.get(bad, bad)
+    argv = ["--config", str(WORLD_CONFIG), "--ckpt", "x.ckpt", "--splits", str(tmp_path / "nowhere"), "--record", name]
+    assert split_eval(argv) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"{PROG}: error: ") and ("--record " in line or "record name " in line) and "nowhere" not in line
 
 
 def test_the_old_command_name_runs_the_split_evaluation(tmp_path, capfd):
     """`python -m grounding.composer evaluate-splits` starts `python -m grounding.leaderboard.evaluate_splits` (a process: the
     paper package never imports the top floor), with its options and its exit status."""
     assert main(["evaluate-splits", "--config", str(WORLD_CONFIG), "--ckpt", "x.ckpt", "--splits",
-                 str(tmp_path / "nowhere")]) == 2
+                 str(tmp_path / "nowhere"), "--record", str(tmp_path / "r.json")]) == 2  # --record: an option of both
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and err[0].startswith(f"{PROG}: error:") and "no such folder" in err[0] and "Traceback" not in "".join(err)

@@ -16,6 +16,7 @@ from grounding.docs_tables import (
     differences,
     main,
     provenance,
+    record_option,
     record_path,
     render_table,
     scan,
@@ -181,6 +182,16 @@ def test_write_record_with_this_machines_provenance(tmp_path):
     assert record_path("out/r.json") == Path("out/r.json")
     with pytest.raises(DocsTableError, match="record name"):
         record_path("two words")
+
+
+def test_record_option_refuses_a_bad_name_a_folder_and_a_file_in_the_way(tmp_path):
+    assert record_option(None) is None and record_option("") is None
+    assert record_option("x") == Path("docs/records/x.json") and record_option(str(tmp_path / "r.json")) == tmp_path / "r.json"
+    (tmp_path / "file").write_text("x")
+    for name, message in (("two words", "record name"), (str(tmp_path), "a folder, not a record"), ("new/", "a folder"),
+                          (str(tmp_path / "file" / "r.json"), "is a file, not a folder")):
+        with pytest.raises(DocsTableError, match=message):
+            record_option(name)
 
 
 def test_the_leaderboard_writes_its_record_and_rewrite_keeps_its_provenance(tmp_path):

@@ -263,6 +263,37 @@ def test_check_answers_in_the_terminal(board, capsys, monkeypatch):
     assert explore_main(["--config", str(board["path"]), "--check", "a red car", "--gallery", "all"]) == 0
 
 
+def test_check_record_holds_each_models_time(board, tmp_path, capsys, monkeypatch):
+    """``--check QUERY --record``: a record of the schema, a row per loaded model with the time --check prints (ms),
+    the gallery and the query beside it; a bad --record (or one without --check) is one line and exit 2, before any
+    model loads."""
+    import json
+
+    from grounding.docs_tables import validate_record
+
+    monkeypatch.setenv("GROUNDING_CACHE", str(board["folder"] / "cache"))
+    path = tmp_path / "records" / "explorer.json"
+    capsys.readouterr()
+    assert explore_main(["--config", str(board["path"]), "--check", "a red car", "--record", str(path)]) == 0
+    printed = {line.split(" (")[0]: line.split(" (")[1].split(" ms")[0] for line in capsys.readouterr().out.splitlines()}
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    assert record["columns"] == ["model", "kind", "ms", "note"] and record["config"] == str(board["path"])
+    assert [r["model"] for r in record["rows"]] == list(printed) == ["stage 1", "dual", "COMPOSER", "SemCLIP"]
+    for row in record["rows"]:
+        assert isinstance(row["ms"], float) and f"{row['ms']:.0f}" == printed[row["model"]] and row["error"] is None
+    assert [r["kind"] for r in record["rows"]] == ["match map", "vector", "cross-encoder", "SemCLIP"]
+    assert record["rows"][2]["note"].endswith("of dual") and record["query"] == "a red car"
+    assert record["photos"] == len(board["explorer"].gallery.image_paths) and record["missing"] == ["ViLBERT-style"]
+    assert record["start_up_seconds"] > 0 and record["seeds"] is None
+    (tmp_path / "file").write_text("x")
+    for argv in (["--check", "a ball", "--record", "bad name!"], ["--check", "a ball", "--record", str(tmp_path)],
+                 ["--check", "a ball", "--record", str(tmp_path / "file" / "x.json")], ["--record", str(path)]):
+        assert explore_main(["--config", str(tmp_path / "nowhere.yaml"), *argv]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and ("--record " in err[0] or "record name " in err[0]) and "nowhere" not in err[0], err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

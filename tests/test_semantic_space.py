@@ -627,6 +627,53 @@ def test_seeds_summary_by_hand(tmp_path, capsys):
     assert np.isnan(one.loc["silhouette (categories)", "diff_sd"])
 
 
+def test_seeds_record_holds_the_per_seed_table(tmp_path, capsys):
+    """``--record``: a record of the schema, a row per measure with seeds.csv's numbers, each seed's Δ interval as
+    ``diff_seed<i>_ci``, the verdict and paper columns of seeds.md; config the report folders' config.yaml."""
+    import json
+
+    import pandas as pd
+
+    from grounding.docs_tables import validate_record
+    from grounding.semantic_space.seeds import main
+
+    rows = {"silhouette (categories)": (0.1, [0.13, 0.12], [(0.01, 0.05), (0.005, 0.03)]),
+            "word similarity: MEN": (0.7, [0.72, 0.69 + 1 / 3], [(0.01, 0.03), (-0.02, 0.0)])}
+    seeds = [(_intervals_csv(tmp_path / f"r{i}", f"G{i}", [(m, ref, v[i], *ci[i]) for m, (ref, v, ci) in rows.items()]),
+              f"G{i}") for i in range(2)]
+    (seeds[0][0] / "config.yaml").write_text("models: []\n")
+    out, path = tmp_path / "seeds", tmp_path / "records" / "s.json"
+    assert main([a for p, n in seeds for a in ("--seed", str(p), n)] + ["--out", str(out), "--record", str(path)]) == 0
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    assert record["config"] == [str(seeds[0][0] / "config.yaml")] and record["seeds"] is None
+    assert record["columns"][:3] == ["measure", "n_units", "units"] and record["labels"]["reference_mean"] == "MiniLM"
+    assert {"diff_seed1", "diff_seed1_ci", "verdict", "paper"} <= set(record["columns"])
+    table = pd.read_csv(out / "seeds.csv")
+    assert [r["measure"] for r in record["rows"]] == table.measure.tolist()
+    for written, (_, row) in zip(record["rows"], table.iterrows()):
+        for column, value in row.items():
+            assert written[column] == (value if isinstance(value, str) else pytest.approx(float(value), abs=0)), column
+        assert written["diff_seed1_ci"] == [row.diff_low_seed1, row.diff_high_seed1]
+    md = (out / "seeds.md").read_text()
+    assert [r["verdict"] for r in record["rows"]] == ["consistent up", "1 up, 0 down, 1 include 0"]
+    assert all(f"| {r['verdict']} | {r['paper']} |" in md for r in record["rows"])
+
+
+def test_seeds_record_bad_names_are_one_line_before_any_work(tmp_path, capsys):
+    from grounding.errors import user_errors_exit
+    from grounding.semantic_space import seeds as seeds_module
+
+    (tmp_path / "file").write_text("x")
+    for name in ("bad name!", str(tmp_path), str(tmp_path / "file" / "x.json")):
+        with pytest.raises(SystemExit) as exited, user_errors_exit(seeds_module.PROG):
+            seeds_module.main(["--seed", str(tmp_path / "none"), "G0", "--out", str(tmp_path / "out"), "--record", name])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(lines) == 2 and "none" not in lines[0], lines
+        assert "--record " in lines[0] or "record name " in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
 def test_seeds_summary_errors_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     import subprocess
     import sys

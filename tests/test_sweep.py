@@ -349,6 +349,56 @@ def test_summary_lays_out_tables_2_and_5(tmp_path):
     assert (t5 / "table5.csv").read_text().startswith("model,this sweep: object top-1,")
 
 
+def test_summary_record_holds_the_every_run_table(tmp_path, capsys):
+    """``summarize --record``: a record of the schema whose rows are summary.csv's rows (parameters as values, numbers
+    unrounded), whose columns are summary.md's every-run table, with the runs' configs and fit seeds."""
+    from grounding.docs_tables import validate_record
+
+    folder = tmp_path / "stage1_layers"
+    for k, seed in ((0, 3), (4, 1), (8, 1)):
+        params = {f"{NET}.trainable_layers": k, f"{NET}.freeze_query_key": k == 4, "seed_everything": seed} if k == 8 \
+            else {f"{NET}.trainable_layers": k, f"{NET}.freeze_query_key": k == 4}
+        _result(folder, params, {"test/i2t_r1": 10 + k + 1 / 3, "test/t2i_r1": 5.0 + k}, silhouette=0.1 + k / 100,
+                learnable=1000 * (k + 1))
+        run = folder / sw.run_name(params)
+        result = json.loads((run / sw.RESULT_FILE).read_text())
+        (run / sw.RESULT_FILE).write_text(json.dumps({**result, "config": "experiments/vgbert/stage1_tiny.yaml"}))
+        if k != 8:  # the seed from the fit's config.yaml; k = 8 names it as a parameter
+            (run / "config.yaml").write_text(yaml.safe_dump({"seed_everything": seed, "model": {}}))
+    path = tmp_path / "rec" / "x.json"
+    assert sw.main(["summarize", str(folder), "--record", str(path)]) == 0
+    record = json.loads(path.read_text())
+    validate_record(record, str(path))
+    assert record["config"] == "experiments/vgbert/stage1_tiny.yaml" and record["seeds"] == [1, 3]
+    assert record["command"].startswith("python") and record["title"] == "Sweep stage1_layers: 3 runs"
+    header = _md_table((folder / "summary.md").read_text(), "Every run")[0]
+    assert record["columns"] == header and record["labels"] == {c: c for c in header}
+    assert "test/i2t_r1" in header and "semantic_space/silhouette_mean" in header
+    table = list(__import__("csv").DictReader(open(folder / "summary.csv")))
+    assert [r["run"] for r in record["rows"]] == [r["run"] for r in table]
+    for written, row in zip(record["rows"], table):
+        assert set(row) <= set(written) and written["seed"] in (1, 3)
+        for column, text in row.items():
+            if column in ("run",):
+                assert written[column] == text
+            elif isinstance(written[column], float):  # summary.csv rounds to 4 decimals, the record does not
+                assert written[column] == pytest.approx(float(text), abs=1e-4), column
+            else:
+                assert written[column] == yaml.safe_load(text), column  # parameters: 4, true, null as values
+    assert record["rows"][0]["test/i2t_r1"] == pytest.approx(10 + 1 / 3, abs=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["bad name!", "folder", "file/x.json"])
+def test_summary_record_bad_names_are_one_line_before_any_work(bad, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    name = {"folder": str(tmp_path), "file/x.json": str(tmp_path / "file" / "x.json")}.get(bad, bad)
+    _result(tmp_path / "sweep", {"x": 1}, {"test/i2t_r1": 1.0})
+    code, err = _exit_line(["summarize", str(tmp_path / "sweep"), "--record", name], capsys)
+    assert code == 2 and len(err) == 2 and err[0].startswith(f"{sw.PROG}: error: ")
+    assert "--record " in err[0] or "record name " in err[0]
+    assert not (tmp_path / "sweep" / "summary.md").exists()
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def _exit_line(argv, capsys):
     with pytest.raises(SystemExit) as info, user_errors_exit(sw.PROG):

@@ -8,7 +8,7 @@
     python -m grounding.composer show  --graph DIR/crg.npz --caption 0
     python -m grounding.composer check-parser [--backend NAME]
     python -m grounding.composer evaluate-splits --config MODEL.yaml --ckpt CKPT --splits MCD_DIR [--out DIR]
-                                                 [--rerank-top-k K] [--limit N]   # Fig. 4: runs
+                                                 [--rerank-top-k K] [--limit N] [--record NAME]   # Fig. 4: runs
                                                  # python -m grounding.leaderboard.evaluate_splits (same options)
     python -m grounding.composer cost --config MODEL.yaml [--regions N] [--caption TEXT] [--table6] [--out FILE]
                                       [--record NAME]  # Table 6 (cost.py)
@@ -155,6 +155,7 @@ def build_argparser() -> ArgumentParser:
     ev.add_argument("--rerank-top-k", type=Optional[int], default=None,
                     help="compose each caption with its top-K first-stage images only (default: the config's)")
     ev.add_argument("--limit", type=Optional[int], default=None, help="test the first N images of each split only")
+    _record_arg(ev, "the table of each split's metrics (splits.csv)")
     cost = _subparser("cost", config=False)
     cost.add_argument("--config", type=str, required=True,
                       help="a COMPOSER model config (experiments/composer/composer_*.yaml; its base: chain is followed)")

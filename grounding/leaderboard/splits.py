@@ -1,7 +1,7 @@
 """One trained COMPOSER checkpoint tested on an MCD split and its graded splits (§5.1, Fig. 4).
 
 ``python -m grounding.leaderboard.evaluate_splits --config <model yaml> --ckpt <ckpt> --splits <mcd out dir> [--out DIR]
-[--rerank-top-k K] [--limit N]`` (also run by its old name ``python -m grounding.composer evaluate-splits``) runs
+[--rerank-top-k K] [--limit N] [--record NAME]`` (also run by its old name ``python -m grounding.composer evaluate-splits``) runs
 the ``test`` subcommand of ``python -m grounding`` (LightningCLI -> ``Trainer.test`` -> the test loop and
 metrics of :class:`grounding.composer.training.ComposerTraining`, as ``make composer`` tests) once per split
 file written by ``python -m grounding.composer mcd``: ``mcd.json``, then every ``graded/*.json``. The model

@@ -13,11 +13,15 @@ measure, the reference's value, the grounded value and Δ as mean ± sd over the
         --seed reports/semantic_space/flickr8k_full "Grounded (6,000 photos)" \
         --seed reports/semantic_space/flickr8k_full_seed1 "Grounded (6,000 photos, seed 1)" \
         --seed reports/semantic_space/flickr8k_full_seed2 "Grounded (6,000 photos, seed 2)" \
-        --out reports/semantic_space/flickr8k_full_seeds
+        --out reports/semantic_space/flickr8k_full_seeds [--record NAME]
 
 A ``--seed`` path is a report folder or its ``intervals.csv`` (a recorded copy works the same). Every report must
 share the reference model and the measures. Writes ``seeds.md`` and ``seeds.csv`` into ``--out`` (each file through
-a temporary name; nothing else in the folder is touched).
+a temporary name; nothing else in the folder is touched). ``--record NAME`` also writes the per-seed table as a record
+of :mod:`grounding.docs_tables`, ``docs/records/NAME.json`` (a path ending in ``.json``: there): a row per measure
+with seeds.csv's numbers, each seed's Δ interval as ``diff_seed<i>_ci`` ``[low, high]``, the verdict and the paper's
+direction; its config the reports' ``config.yaml`` files (where a report folder holds one), its seeds null (the
+grounded models' training seeds are their checkpoints', not known to this command).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from grounding.docs_tables import provenance, record_option, write_record
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.semantic_space.intervals import PAPER_DIRECTION
 from grounding.utils.io import atomic_write_text
@@ -133,10 +138,42 @@ def markdown(summary: pd.DataFrame, seeds: list[tuple[str | Path, str]], referen
                  pm(r["value_mean"], r["value_sd"]), pm(r["diff_mean"], r["diff_sd"], "+")]
         cells += [f"{r[f'diff_seed{i}']:+.3f} [{r[f'diff_low_seed{i}']:+.3f}, {r[f'diff_high_seed{i}']:+.3f}]"
                   for i in range(n)]
-        cells += [verdict(int(r["seeds_up"]), int(r["seeds_down"]), n),
-                  next((v for k, v in PAPER_DIRECTION.items() if r["measure"].startswith(k)), "")]
+        cells += [verdict(int(r["seeds_up"]), int(r["seeds_down"]), n), paper_direction(r["measure"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def paper_direction(measure: str) -> str:
+    """The paper's direction of a measure's move (``PAPER_DIRECTION``), or ``""``."""
+    return next((v for k, v in PAPER_DIRECTION.items() if measure.startswith(k)), "")
+
+
+def record_table(summary: pd.DataFrame, reference: str) -> tuple[list[str], dict[str, str], list[dict]]:
+    """seeds.md's table as a record's columns, labels and rows: every number of seeds.csv (a row per measure), each
+    seed's Δ interval as ``diff_seed<i>_ci`` ``[low, high]``, ``verdict`` and ``paper``."""
+    n = int(summary["seeds"].iloc[0]) if len(summary) else 0
+    labels = {"measure": "measure", "n_units": "n", "units": "units", "reference_mean": reference,
+              "reference_sd": f"{reference} sd", "value_mean": "grounded", "value_sd": "grounded sd",
+              "diff_mean": "Δ mean", "diff_sd": "Δ sd"}
+    for i in range(n):
+        labels.update({f"diff_seed{i}": f"Δ seed {i}", f"diff_seed{i}_ci": f"Δ seed {i} 95 % CI"})
+    labels.update({"verdict": "seeds", "paper": "paper"})
+    rows = []
+    for record in summary.to_dict(orient="records"):
+        row = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in record.items()}
+        row.update({f"diff_seed{i}_ci": [row[f"diff_low_seed{i}"], row[f"diff_high_seed{i}"]] for i in range(n)})
+        row.update(verdict=verdict(int(row["seeds_up"]), int(row["seeds_down"]), n), paper=paper_direction(row["measure"]))
+        rows.append(row)
+    return list(labels), labels, rows
+
+
+def write_seeds_record(path: str | Path, summary: pd.DataFrame, seeds: list[tuple[str | Path, str]], reference: str) -> Path:
+    """The per-seed table as a record at ``path`` (:func:`record_table`); config: each report folder's config.yaml."""
+    columns, labels, rows = record_table(summary, reference)
+    configs = [str(Path(p) / "config.yaml") for p, _ in seeds if (Path(p) / "config.yaml").is_file()]
+    return write_record(path, columns, rows, provenance(config=configs or None),
+                        title=f"The semantic-space moves over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}",
+                        labels=labels, reference=reference, reports=[{"report": str(p), "model": m} for p, m in seeds])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", nargs=2, action="append", metavar=("REPORT", "MODEL"), default=[], required=True,
                         help="a seed's report folder (or its intervals.csv) and the grounded model's name in it")
     parser.add_argument("--out", required=True, help="folder for seeds.md and seeds.csv")
+    parser.add_argument("--record", metavar="NAME", default=None,
+                        help="also write the per-seed table as docs/records/NAME.json (or this path ending in .json)")
     args = parser.parse_args(argv)
+    record = record_option(args.record)
     seeds = [(path, model) for path, model in args.seed]
     summary = summarise(seeds)
     reference = read_intervals(*seeds[0])[0]
@@ -155,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "seeds.csv", summary.to_csv(index=False))
     atomic_write_text(out / "seeds.md", markdown(summary, seeds, reference))
     print(f"[semantic_space.seeds] {len(seeds)} seeds summarised in {out / 'seeds.md'}")
+    if record is not None:
+        print(f"[semantic_space.seeds] wrote the record {write_seeds_record(record, summary, seeds, reference)}")
     return 0
 
 
