@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from grounding.docs_tables import DocsTableError, provenance, record_option, write_record
+from grounding.docs_tables import DocsTableError, provenance, record_path, write_record
 
 HELP = "also write the table as a record: docs/records/NAME.json, or this path ending in .json"
 
 
 def _record_target(text: str) -> Path:
     try:
-        return record_option(text)
+        return record_path(text)
     except DocsTableError as e:  # a bad name stops the command before it measures anything
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -140,9 +140,12 @@ def record_option(name: str | Path | None, option: str = "--record") -> Path | N
     if name is None or name == "":
         return None
     text = str(name)
-    path = record_path(text)
+    try:
+        path = record_path(text)
+    except DocsTableError as e:
+        raise DocsTableError(f"{option}: {e}") from None
     if text.endswith(("/", os.sep)) or path.is_dir():
-        raise DocsTableError(f"{option} {text}: a folder, not a record; name a record or a file ending in .json")
+        raise DocsTableError(f"{option} {text} is a folder, not a record; name a record or a file ending in .json")
     in_the_way = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if in_the_way is not None:
         raise DocsTableError(f"{option} {text}: {in_the_way} is a file, not a folder; choose another path")

@@ -48,7 +48,7 @@ import numpy as np
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, get_loader, set_loader
 
-from grounding.docs_tables import DocsTableError, provenance, record_path, write_record
+from grounding.docs_tables import DocsTableError, provenance, record_option, write_record
 from grounding.errors import UserInputError, user_errors_exit
 from grounding.paths import shared_data_dir
 from grounding.stage_config import config_options_first
@@ -286,14 +286,10 @@ def output_file(option: str, value: str, example: str) -> Path:
 def record_target(args) -> Path | None:
     """``--record NAME``'s file (``docs/records/NAME.json``, or the path ending in ``.json`` as given), or None without
     ``--record``: a bad name, a folder or a file in the way of its folder is one line, before anything is parsed."""
-    name = getattr(args, "record", None)
-    if name is None:
-        return None
     try:
-        path = record_path(name)
+        return record_option(getattr(args, "record", None))
     except DocsTableError as e:
-        raise UsageError(f"--record: {e}") from None
-    return output_file("--record", str(path), "NAME.json")
+        raise UsageError(str(e)) from None
 
 
 def _config_value(files: list[str]) -> str | list[str] | None:
